@@ -1,0 +1,92 @@
+"""Approval pauses: the snapshot a paused run leaves, decisions, and the store contract.
+
+A decision is recorded in the approval store *before* the run continues, so a
+process that dies between the two leaves a decided approval that the next
+`resume()` applies, instead of a session stuck waiting forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lousho.checkpoint import Checkpoint
+from lousho.fingerprint import AgentFingerprint
+from lousho.messages import ToolCall
+
+__all__ = ["ApprovalDecision", "ApprovalSnapshot", "ApprovalState", "ApprovalStore", "utc_now"]
+
+ApprovalState = Literal["pending", "approved", "rejected"]
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+class ApprovalDecision(BaseModel):
+    """A human's answer: `{"id": ..., "approved": bool, "note": str | None}`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    approved: bool
+    note: str | None = None
+
+
+class ApprovalSnapshot(BaseModel):
+    """Everything needed to continue a run paused on one tool call, in any process."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    session_id: str | None = None
+    agent_name: str | None = None
+    tool_call: ToolCall
+    """The call waiting for a decision."""
+    remaining_tool_calls: list[ToolCall] | None = None
+    """Calls of the same turn after the paused one; None in snapshots written before the field existed."""
+    checkpoint: Checkpoint
+    """The run as it was when it paused (status 'awaiting-approval')."""
+    fingerprint: AgentFingerprint | None = None
+    max_steps: int | None = None
+    status: ApprovalState = "pending"
+    note: str | None = None
+    created_at: str = Field(default_factory=utc_now)
+    decided_at: str | None = None
+    child: ApprovalSnapshot | None = None
+    """A sub-agent's own snapshot when the pause came from a sub-agent's tool call."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def decision(self) -> ApprovalDecision | None:
+        if self.status == "pending":
+            return None
+        return ApprovalDecision(id=self.id, approved=self.status == "approved", note=self.note)
+
+
+@runtime_checkable
+class ApprovalStore(Protocol):
+    """Where paused runs wait. Sync or async methods both work."""
+
+    def save(self, snapshot: ApprovalSnapshot) -> Awaitable[None] | None:
+        """Create or replace the snapshot under `snapshot.id`."""
+
+    def load(self, approval_id: str) -> ApprovalSnapshot | Awaitable[ApprovalSnapshot | None] | None:
+        """The snapshot, or None for an unknown id."""
+
+    def decide(
+        self, approval_id: str, approved: bool, note: str | None
+    ) -> ApprovalSnapshot | Awaitable[ApprovalSnapshot]:
+        """Atomically move a pending approval to approved/rejected and return it.
+
+        Raises `ApprovalNotFoundError` for an unknown id and `ApprovalAlreadyResolvedError`
+        when it was decided already, so a second caller can never run the tool again."""
+
+    def reopen(self, approval_id: str) -> Awaitable[None] | None:
+        """Put a decided approval back to pending (its decision could not be applied)."""
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot] | Awaitable[list[ApprovalSnapshot]]:
+        """Approvals still waiting for a decision, oldest first."""

@@ -1,0 +1,231 @@
+"""The step machine: from a checkpoint alone, what runs next; and each step's one effect.
+
+Nothing here saves, loops, imports Celery or Redis: the in-process executor and
+the fleet's tasks both drive these functions, so both give the same transcript
+for the same provider answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from lousho.abort import AbortSignal, RunAborted
+from lousho.checkpoint import Checkpoint
+from lousho.definition import ResolvedAgent, call_hook
+from lousho.errors import PropagatingToolError
+from lousho.messages import Message, ToolCall, Usage
+from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
+from lousho.tools import ToolContext, describe_validation_error, tool_error
+
+__all__ = [
+    "AwaitApproval",
+    "CANCELLED_RESULT",
+    "Finish",
+    "ModelTurn",
+    "PlannedCall",
+    "RunTools",
+    "SendPendingInput",
+    "Step",
+    "append_pending_input",
+    "finish",
+    "next_step",
+    "plan_tool_call",
+    "record_tool_result",
+    "run_planned_call",
+    "take_model_turn",
+]
+
+CANCELLED_RESULT = tool_error("cancelled", "The run was aborted before this call finished; it was not completed.")
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    step: int
+    """The turn's number in the run (1-based)."""
+
+
+@dataclass(frozen=True)
+class RunTools:
+    calls: list[ToolCall]
+    """The newest turn's calls without a result, in call order."""
+
+
+@dataclass(frozen=True)
+class SendPendingInput:
+    pass
+
+
+@dataclass(frozen=True)
+class AwaitApproval:
+    approval_id: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str
+    """'stop' or 'max-steps'."""
+    already_saved: bool
+
+
+Step = ModelTurn | RunTools | SendPendingInput | AwaitApproval | Finish
+
+
+def next_step(checkpoint: Checkpoint, max_steps: int) -> Step:
+    """Decide what runs next from the checkpoint alone (DESIGN: 'The engine is a step machine')."""
+    if checkpoint.status == "finished":
+        return Finish(checkpoint.finish_reason or "stop", already_saved=True)
+    if checkpoint.status == "awaiting-approval" and checkpoint.approval_id:
+        return AwaitApproval(checkpoint.approval_id)
+    pending = checkpoint.pending_tool_calls()
+    if pending:
+        return RunTools(pending)
+    if checkpoint.pending_input:
+        return SendPendingInput()
+    last = checkpoint.messages[-1] if checkpoint.messages else None
+    if last is not None and last.role == "assistant" and not last.tool_calls:
+        return Finish("stop", already_saved=False)
+    if checkpoint.step_index >= max_steps:
+        return Finish("max-steps", already_saved=False)
+    return ModelTurn(checkpoint.step_index + 1)
+
+
+def finish(checkpoint: Checkpoint, reason: str) -> Checkpoint:
+    return checkpoint.model_copy(update={"status": "finished", "finish_reason": reason, "approval_id": None})
+
+
+def append_pending_input(checkpoint: Checkpoint) -> Checkpoint:
+    """Queued input goes after the tool results, never between a tool-call turn and its results."""
+    return checkpoint.model_copy(
+        update={"messages": [*checkpoint.messages, *checkpoint.pending_input], "pending_input": []}
+    )
+
+
+def record_tool_result(checkpoint: Checkpoint, call: ToolCall, result: Any) -> Checkpoint:
+    """Append `call`'s result; results are recorded strictly in call order."""
+    pending = checkpoint.pending_tool_calls()
+    if not pending or pending[0].id != call.id:
+        expected = pending[0].id if pending else None
+        raise ValueError(f"result for {call.id!r} recorded out of order (next pending call is {expected!r})")
+    return checkpoint.model_copy(update={"messages": [*checkpoint.messages, Message.tool_result(call, result)]})
+
+
+def _unique_call_ids(message: Message, step: int) -> Message:
+    """Give every call of a turn a distinct, non-empty id: each must get exactly one result."""
+    seen: set[str] = set()
+    calls = []
+    for index, call in enumerate(message.tool_calls):
+        call_id = call.id or f"call_{step}_{index}"
+        while call_id in seen:
+            call_id = f"{call_id}_{index}"
+        seen.add(call_id)
+        calls.append(call if call_id == call.id else call.model_copy(update={"id": call_id}))
+    return message.model_copy(update={"role": "assistant", "tool_calls": calls})
+
+
+async def _abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
+    if signal is None:
+        return await awaitable
+    signal.raise_if_aborted()
+    work = asyncio.ensure_future(awaitable)
+    aborted = asyncio.ensure_future(signal.wait())
+    try:
+        await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        aborted.cancel()
+    if not work.done():
+        work.cancel()
+        raise RunAborted(signal.reason)
+    return work.result()
+
+
+async def take_model_turn(
+    checkpoint: Checkpoint, agent: ResolvedAgent, provider: LLMProvider, signal: AbortSignal | None = None
+) -> tuple[Checkpoint, ModelResponse]:
+    """Ask the model for one turn and return the checkpoint with its answer recorded (not yet saved).
+
+    A turn that asks for tools stays 'in-progress'; one that does not finishes the run.
+    """
+    step = checkpoint.step_index + 1
+    request = ModelRequest(
+        model=agent.model,
+        messages=checkpoint.messages,
+        tools=agent.tool_specs(),
+        session_id=checkpoint.session_id,
+        step=step,
+    )
+    request = await call_hook(agent.hook("before_model"), request) or request
+    response: ModelResponse = await _abortable(provider.generate(request), signal)
+    response = await call_hook(agent.hook("after_model"), response) or response
+    message = _unique_call_ids(response.message, step)
+    update: dict[str, Any] = {
+        "messages": [*checkpoint.messages, message],
+        "step_index": step,
+        "usage": checkpoint.usage + (response.usage or Usage()),
+    }
+    if not message.tool_calls:
+        update.update(status="finished", finish_reason="stop")
+    return checkpoint.model_copy(update=update), response
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """What a pending call will do: run with validated `args`, record `error`, or wait for approval."""
+
+    call: ToolCall
+    args: Any = None
+    error: dict[str, Any] | None = None
+    needs_approval: bool = False
+
+
+def tool_context(
+    call: ToolCall, agent: ResolvedAgent, session_id: str | None, signal: AbortSignal, metadata: dict[str, Any]
+) -> ToolContext:
+    return ToolContext(
+        tool_call_id=call.id, session_id=session_id, signal=signal, tool_name=call.name, metadata=metadata
+    )
+
+
+async def plan_tool_call(
+    call: ToolCall, agent: ResolvedAgent, ctx: ToolContext, *, skip_approval: bool = False
+) -> PlannedCall:
+    """Validate a call before anything runs: unknown tools and bad arguments become error results."""
+    tool = agent.tools.get(call.name)
+    if tool is None:
+        known = ", ".join(sorted(agent.tools)) or "none"
+        return PlannedCall(call, error=tool_error(f"unknown tool {call.name!r}", f"Available tools: {known}."))
+    try:
+        args = tool.parse_arguments(call.arguments)
+    except ValidationError as exc:
+        return PlannedCall(
+            call,
+            error=tool_error(
+                f"invalid arguments for {call.name}: {describe_validation_error(exc)}",
+                "Fix the arguments and call the tool again.",
+            ),
+        )
+    if not skip_approval and await tool.requires_approval(args, ctx):
+        return PlannedCall(call, args=args, needs_approval=True)
+    return PlannedCall(call, args=args)
+
+
+async def run_planned_call(planned: PlannedCall, agent: ResolvedAgent, ctx: ToolContext) -> Any:
+    """Run one validated call and return its result. A tool's exception becomes an error result,
+    except `PropagatingToolError`, which rejects the run; a hook's exception rejects it too."""
+    if planned.error is not None:
+        return planned.error
+    tool = agent.tools[planned.call.name]
+    await call_hook(agent.hook("before_tool"), planned.call, ctx)
+    try:
+        result = await tool.run(planned.args, ctx)
+    except PropagatingToolError:
+        raise
+    except Exception as exc:  # a tool's failure is the model's to read, not a crash (issue #2)
+        result = tool_error(f"{type(exc).__name__}: {exc}", f"The tool {planned.call.name} failed.")
+    if hasattr(result, "model_dump"):
+        result = result.model_dump(mode="json")
+    replaced = await call_hook(agent.hook("after_tool"), planned.call, result)
+    return result if replaced is None else replaced

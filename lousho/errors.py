@@ -1,0 +1,153 @@
+"""One exception tree for everything lousho raises.
+
+Every error a caller can act on is an `SDKError` with a stable `code` (the
+reference's `LOUSHO_*` codes) and a message that says what to do. Errors of
+dependencies (redis, SQLAlchemy, the file system) are translated where they
+enter, so callers never have to catch a driver's exceptions.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AgentDriftError",
+    "ApprovalAlreadyResolvedError",
+    "ApprovalNotFoundError",
+    "CheckpointConflictError",
+    "CheckpointNotFoundError",
+    "ConfigurationError",
+    "CorruptCheckpointError",
+    "InvalidSessionIdError",
+    "PropagatingToolError",
+    "ProviderError",
+    "ResumeToolMissingError",
+    "SDKError",
+    "SessionAwaitingApprovalError",
+    "StoreUnavailableError",
+]
+
+
+class SDKError(Exception):
+    """Base of every error lousho raises; `code` is stable and documented."""
+
+    code: str = "LOUSHO_ERROR"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.args[0]}"
+
+
+class ConfigurationError(SDKError):
+    """The library was wired up in a way that cannot work (say what to pass instead)."""
+
+    code = "LOUSHO_CONFIGURATION"
+
+
+class InvalidSessionIdError(SDKError, ValueError):
+    """A session id that stores and task ids cannot carry safely."""
+
+    code = "LOUSHO_INVALID_SESSION_ID"
+
+
+class SessionAwaitingApprovalError(SDKError):
+    """`execute()` on a session paused for a human decision (reference: 'Paused awaiting approval')."""
+
+    code = "LOUSHO_SESSION_AWAITING_APPROVAL"
+
+    def __init__(self, session_id: str, approval_id: str) -> None:
+        super().__init__(
+            f"session {session_id!r} is waiting on approval {approval_id!r}; resolve it with "
+            "resume_after_approval() (or agent.approvals.resolve()) first, passing the same "
+            "checkpoint store, then send the new message"
+        )
+        self.session_id = session_id
+        self.approval_id = approval_id
+
+
+class CheckpointNotFoundError(SDKError):
+    """A step that the history does not hold (reference: 'Fork and replay')."""
+
+    code = "LOUSHO_CHECKPOINT_NOT_FOUND"
+
+
+class CorruptCheckpointError(SDKError):
+    """A stored checkpoint that cannot be read: not JSON, the wrong shape, or a newer schema.
+
+    The stored value is left exactly as it was; nothing overwrites it silently.
+    """
+
+    code = "LOUSHO_CHECKPOINT_CORRUPT"
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        super().__init__(
+            f"the stored checkpoint of session {session_id!r} cannot be read: {problem}. "
+            "It was left as it is; inspect it, or delete the session to start over"
+        )
+        self.session_id = session_id
+        self.problem = problem
+
+
+class CheckpointConflictError(SDKError):
+    """A save whose version is stale: someone else saved this session in between."""
+
+    code = "LOUSHO_CHECKPOINT_CONFLICT"
+
+    def __init__(self, session_id: str, expected: int, found: int | None) -> None:
+        super().__init__(
+            f"session {session_id!r} was saved by someone else (stored version {found}, "
+            f"this save expected {expected}); nothing was written. Load the checkpoint again"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.found = found
+
+
+class StoreUnavailableError(SDKError):
+    """The store's backend (Redis, a database, a folder) could not be reached or written."""
+
+    code = "LOUSHO_STORE_UNAVAILABLE"
+
+
+class AgentDriftError(SDKError):
+    """The resuming agent differs from the one that saved the run and `on_agent_drift='error'`."""
+
+    code = "LOUSHO_AGENT_DRIFT"
+
+
+class ResumeToolMissingError(SDKError):
+    """A pending tool call names a tool the resuming agent does not have."""
+
+    code = "LOUSHO_RESUME_TOOL_MISSING"
+
+
+class ApprovalNotFoundError(SDKError):
+    """A decision for an approval id that no store knows."""
+
+    code = "LOUSHO_APPROVAL_NOT_FOUND"
+
+
+class ApprovalAlreadyResolvedError(SDKError):
+    """A second decision for an approval that was already decided; the tool does not run again."""
+
+    code = "LOUSHO_APPROVAL_ALREADY_RESOLVED"
+
+
+class ProviderError(SDKError):
+    """A model provider failed; `retryable` says whether trying again may help."""
+
+    code = "LOUSHO_PROVIDER_ERROR"
+
+    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+class PropagatingToolError(Exception):
+    """Raise this from a tool to reject the whole run instead of returning an error result.
+
+    The run keeps its last 'in-progress' checkpoint (reference: checkpoint table).
+    """

@@ -1,0 +1,180 @@
+"""`AgentExecutor.execute()` and `resume_after_approval()`: durable runs in this process.
+
+Both load the session's checkpoint, decide from its status what the call means
+(reference: 'What happens when you call execute() again'), and hand the
+checkpoint to a `Run`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from lousho.abort import AbortSignal
+from lousho.approvals import ApprovalDecision, ApprovalStore
+from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate_session_id
+from lousho.definition import Agent
+from lousho.errors import ConfigurationError, SessionAwaitingApprovalError
+from lousho.events import EventSink
+from lousho.inputs import add_input_to_unfinished, continue_finished, start_session
+from lousho.messages import Message, as_messages
+from lousho.providers.base import LLMProvider
+from lousho.run import DriftPolicy, Run, RunResult
+from lousho.tools import Tool
+
+__all__ = ["AgentExecutor", "InvalidDecisionError", "ResumeOptions", "resume_after_approval"]
+
+InputLike = str | Message | dict[str, Any] | Sequence[Any] | None
+
+
+class InvalidDecisionError(ConfigurationError):
+    """A decision that is not `{"id": str, "approved": bool, "note": str | None}`."""
+
+    code = "LOUSHO_INVALID_DECISION"
+
+
+class ResumeOptions(BaseModel):
+    """Options of `resume_after_approval()`; everything is optional."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    max_steps: int | None = None
+    signal: AbortSignal | None = None
+    on_agent_drift: DriftPolicy = "warn"
+    approval_store: Any = None
+    """Where later approvals of the resumed run go (default: the same store)."""
+    on_event: Any = None
+    context: dict[str, Any] | None = None
+
+
+async def _load(store: CheckpointStore | None, session_id: str | None) -> Checkpoint | None:
+    if store is None or session_id is None:
+        return None
+    loaded: Checkpoint | None = await maybe_await(store.load(session_id))
+    return loaded
+
+
+class AgentExecutor:
+    """Runs agents durably in this process. All methods are static."""
+
+    @staticmethod
+    async def execute(
+        *,
+        agent: Agent,
+        input: InputLike = None,
+        provider: LLMProvider,
+        session_id: str | None = None,
+        checkpoint_store: CheckpointStore | None = None,
+        approval_store: ApprovalStore | None = None,
+        signal: AbortSignal | None = None,
+        max_steps: int | None = None,
+        on_agent_drift: DriftPolicy = "warn",
+        business_state: Any = None,
+        context: dict[str, Any] | None = None,
+        on_event: EventSink | None = None,
+    ) -> RunResult:
+        """Run `agent` on `input`; with `session_id` and `checkpoint_store` the run survives crashes."""
+        if checkpoint_store is not None and session_id is None:
+            raise ConfigurationError("a checkpoint_store needs a session_id to save under: pass session_id=")
+        if session_id is not None:
+            validate_session_id(session_id)
+        messages = as_messages(input)  # type: ignore[arg-type]
+        stored = await _load(checkpoint_store, session_id)
+        resuming = stored is not None and stored.status != "finished"
+        resolved = await agent.resolve(stored.run_config if resuming and stored else None, ctx=context)
+        run = Run(
+            agent=resolved,
+            provider=provider,
+            session_id=session_id,
+            checkpoint_store=checkpoint_store,
+            approval_store=approval_store,
+            max_steps=max_steps or agent.max_steps,
+            signal=signal or AbortSignal(),
+            on_event=on_event,
+            on_agent_drift=on_agent_drift,
+            metadata=context or {},
+        )
+        if stored is None:
+            start = start_session(
+                session_id or f"run-{uuid.uuid4().hex}", resolved.instructions, messages, business_state
+            )
+            return await run.run(start)
+        if stored.status == "awaiting-approval":
+            return await _continue_decided_approval(run, stored, approval_store)
+        if stored.status == "in-progress":
+            await run.check_drift(stored.fingerprint)
+            run.check_tools_exist(stored.pending_tool_calls(), stored.fingerprint)
+            checkpoint: Checkpoint | None = add_input_to_unfinished(stored, messages)
+        else:
+            checkpoint = continue_finished(stored, messages)
+            if checkpoint is None:
+                return RunResult.of(stored, "max-steps" if stored.finish_reason == "max-steps" else "stop")
+        assert checkpoint is not None
+        if business_state is not None:
+            checkpoint = checkpoint.model_copy(update={"business_state": business_state})
+        return await run.run(checkpoint)
+
+
+async def _continue_decided_approval(run: Run, stored: Checkpoint, approval_store: ApprovalStore | None) -> RunResult:
+    """A paused session throws, unless its approval was decided and the process died before applying it."""
+    assert stored.approval_id is not None
+    snapshot = await maybe_await(approval_store.load(stored.approval_id)) if approval_store is not None else None
+    if snapshot is None or snapshot.status == "pending":
+        raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
+    return await run.apply_decision(snapshot, stored)
+
+
+def _parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecision:
+    if isinstance(decision, ApprovalDecision):
+        return decision
+    try:
+        return ApprovalDecision.model_validate(decision)
+    except ValidationError as exc:
+        raise InvalidDecisionError(
+            f"a decision must be {{'id': str, 'approved': bool, 'note': str | None}}; got {decision!r} ({exc.error_count()} problems)"
+        ) from exc
+
+
+async def resume_after_approval(
+    decision: ApprovalDecision | dict[str, Any],
+    approval_store: ApprovalStore,
+    tool_registry: Agent | Sequence[Tool[Any]],
+    provider: LLMProvider,
+    options: ResumeOptions | dict[str, Any] | None = None,
+    checkpoint_store: CheckpointStore | None = None,
+) -> RunResult:
+    """Record a human's decision and continue the paused run (reference: 'Approvals in the middle of a tool batch').
+
+    Without `checkpoint_store` the run continues in memory and the stored session keeps
+    its 'awaiting-approval' mark (reference: 'Limits').
+    """
+    parsed = _parse_decision(decision)
+    opts = options if isinstance(options, ResumeOptions) else ResumeOptions(**(options or {}))
+    snapshot = await maybe_await(approval_store.decide(parsed.id, parsed.approved, parsed.note))
+    agent = (
+        tool_registry
+        if isinstance(tool_registry, Agent)
+        else Agent(
+            name=snapshot.agent_name or "agent",
+            model=snapshot.fingerprint.model if snapshot.fingerprint else "unknown",
+            tools=list(tool_registry),
+        )
+    )
+    stored = await _load(checkpoint_store, snapshot.session_id)
+    checkpoint = stored or snapshot.checkpoint
+    run = Run(
+        agent=await agent.resolve(checkpoint.run_config, ctx=opts.context),
+        provider=provider,
+        session_id=snapshot.session_id,
+        checkpoint_store=checkpoint_store if stored is not None else None,
+        approval_store=opts.approval_store or approval_store,
+        max_steps=opts.max_steps or snapshot.max_steps or agent.max_steps,
+        signal=opts.signal or AbortSignal(),
+        on_event=opts.on_event,
+        on_agent_drift=opts.on_agent_drift,
+        metadata=opts.context or {},
+    )
+    return await run.apply_decision(snapshot, checkpoint)

@@ -1,0 +1,101 @@
+"""The transcript: what is sent to a model and what is stored in a checkpoint.
+
+Models are frozen: a checkpoint shares message objects with the one before it,
+so nothing may change a message after it was recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Message", "Role", "ToolCall", "Usage", "as_messages"]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """One call the model asked for."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    """The model's id for the call; unchanged when the call is re-run on resume."""
+    name: str
+    """The tool's name, as the model wrote it (it may name no tool we have)."""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """The arguments as JSON, before validation against the tool's input model."""
+
+
+class Message(BaseModel):
+    """One message of the transcript."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str | None = None
+    """Text; for a tool message, the JSON of the result."""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    """On an assistant message: the calls it asks for, in call order."""
+    tool_call_id: str | None = None
+    """On a tool message: the call it answers."""
+    name: str | None = None
+    """On a tool message: the tool's name."""
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls(role="system", content=content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls(role="user", content=content)
+
+    @classmethod
+    def assistant(cls, content: str | None = None, tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls(role="assistant", content=content, tool_calls=tool_calls or [])
+
+    @classmethod
+    def tool_result(cls, call: ToolCall, result: Any) -> Message:
+        return cls(role="tool", content=json.dumps(result, default=str), tool_call_id=call.id, name=call.name)
+
+    def result(self) -> Any:
+        """A tool message's result, decoded from its JSON content."""
+        return json.loads(self.content) if self.content else None
+
+    def same_turn(self, other: Message) -> bool:
+        """Same role and text: how re-sent input is recognised (ids and calls aside)."""
+        return self.role == other.role and self.content == other.content
+
+
+class Usage(BaseModel):
+    """Token counts, summed over the model turns of a run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+        )
+
+
+def as_messages(value: str | Message | dict[str, Any] | list[Any] | tuple[Any, ...] | None) -> list[Message]:
+    """Normalise what a caller passes as `input` into a list of messages."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [Message.user(value)]
+    if isinstance(value, Message):
+        return [value]
+    if isinstance(value, dict):
+        return [Message.model_validate(value)]
+    return [item if isinstance(item, Message) else as_messages(item)[0] for item in value]

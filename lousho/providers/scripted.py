@@ -1,0 +1,71 @@
+"""`ScriptedProvider`: canned model answers for tests and demos.
+
+It records every request it receives in `.calls`, so a test can prove a model
+turn was never asked twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lousho.errors import ProviderError
+from lousho.messages import Message, ToolCall, Usage
+from lousho.providers.base import ModelRequest, ModelResponse
+
+__all__ = ["Answer", "ScriptedProvider", "tool_calls"]
+
+Answer = ModelResponse | Message | str | list[ToolCall] | Callable[[ModelRequest], Any]
+
+
+def tool_calls(*calls: tuple[str, str, dict[str, Any]]) -> Message:
+    """An assistant message asking for `(id, name, arguments)` calls, in order."""
+    return Message.assistant(tool_calls=[ToolCall(id=i, name=n, arguments=a) for i, n, a in calls])
+
+
+def _as_response(answer: Any) -> ModelResponse:
+    if isinstance(answer, ModelResponse):
+        return answer
+    if isinstance(answer, str):
+        message = Message.assistant(answer)
+    elif isinstance(answer, Message):
+        message = answer
+    elif isinstance(answer, list):
+        message = Message.assistant(tool_calls=answer)
+    else:
+        raise TypeError(f"a scripted answer must be a ModelResponse, Message, str or list of ToolCall, got {answer!r}")
+    return ModelResponse(message=message, usage=Usage(input_tokens=10, output_tokens=5))
+
+
+class ScriptedProvider:
+    """Replays `answers` in order, one per model turn. A callable answer is given the request."""
+
+    def __init__(self, answers: Sequence[Answer] = (), *, latency_s: float = 0.0) -> None:
+        self.answers = list(answers)
+        self.latency_s = latency_s
+        self.calls: list[ModelRequest] = []
+        """Every request received, in order (including ones whose answer was then lost)."""
+        self._next = 0
+
+    @property
+    def answered(self) -> int:
+        """How many answers have been handed out."""
+        return self._next
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        self.calls.append(request)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        if self._next >= len(self.answers):
+            raise ProviderError(
+                f"ScriptedProvider has no answer left for call {len(self.calls)} (it holds {len(self.answers)})",
+                retryable=False,
+            )
+        answer = self.answers[self._next]
+        self._next += 1
+        if callable(answer) and not isinstance(answer, (ModelResponse, Message)):
+            answer = answer(request)
+            if asyncio.iscoroutine(answer):
+                answer = await answer
+        return _as_response(answer)
