@@ -80,4 +80,4 @@ Event = (
     | DriftEvent
     | FinishedEvent
 )
-EventSink = Callable[[Event], None | Awaitable[None]]
+EventSink = Callable[[Event], Awaitable[None] | None]

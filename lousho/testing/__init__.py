@@ -1,0 +1,1 @@
+"""Test helpers shipped with lousho: the store contract suite and a private Redis server."""

@@ -1,0 +1,5 @@
+"""Shared fixtures. Each real part (Redis, SQL) has its own fixture module under tests/fixtures/."""
+
+from __future__ import annotations
+
+pytest_plugins = ["tests.fixtures.core", "tests.fixtures.sql", "tests.fixtures.redis"]
