@@ -39,11 +39,17 @@ def _as_response(answer: Any) -> ModelResponse:
 
 
 class ScriptedProvider:
-    """Replays `answers` in order, one per model turn. A callable answer is given the request."""
+    """Replays `answers` in order, one per model turn. A callable answer is given the request.
 
-    def __init__(self, answers: Sequence[Answer] = (), *, latency_s: float = 0.0) -> None:
+    With `by_turn=True` the answer is picked by the number of assistant turns already in
+    the request's transcript, so a turn asked again (its answer was never checkpointed)
+    gets the same answer, as a deterministic model would give.
+    """
+
+    def __init__(self, answers: Sequence[Answer] = (), *, latency_s: float = 0.0, by_turn: bool = False) -> None:
         self.answers = list(answers)
         self.latency_s = latency_s
+        self.by_turn = by_turn
         self.calls: list[ModelRequest] = []
         """Every request received, in order (including ones whose answer was then lost)."""
         self._next = 0
@@ -57,12 +63,13 @@ class ScriptedProvider:
         self.calls.append(request)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
-        if self._next >= len(self.answers):
+        index = sum(m.role == "assistant" for m in request.messages) if self.by_turn else self._next
+        if index >= len(self.answers):
             raise ProviderError(
-                f"ScriptedProvider has no answer left for call {len(self.calls)} (it holds {len(self.answers)})",
+                f"ScriptedProvider has no answer {index + 1} (it holds {len(self.answers)})",
                 retryable=False,
             )
-        answer = self.answers[self._next]
+        answer = self.answers[index]
         self._next += 1
         if callable(answer) and not isinstance(answer, (ModelResponse, Message)):
             answer = answer(request)
