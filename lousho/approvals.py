@@ -56,6 +56,9 @@ class ApprovalSnapshot(BaseModel):
     note: str | None = None
     created_at: str = Field(default_factory=utc_now)
     decided_at: str | None = None
+    applied_at: str | None = None
+    """When the decision's result was recorded in the run; a decided but unapplied approval
+    (the process died in between) is applied by the next resume of its session."""
     child: ApprovalSnapshot | None = None
     """A sub-agent's own snapshot when the pause came from a sub-agent's tool call."""
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -121,10 +121,12 @@ class AgentExecutor:
 async def _continue_decided_approval(run: Run, stored: Checkpoint, approval_store: ApprovalStore | None) -> RunResult:
     """A paused session throws, unless its approval was decided and the process died before applying it."""
     assert stored.approval_id is not None
-    snapshot = await maybe_await(approval_store.load(stored.approval_id)) if approval_store is not None else None
-    if snapshot is None or snapshot.status == "pending":
+    if approval_store is None:
         raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
-    return await run.apply_decision(snapshot, stored)
+    snapshot = await maybe_await(approval_store.load(stored.approval_id))
+    if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
+        raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
+    return await run.apply_decision(snapshot, stored, approval_store)
 
 
 def _parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecision:
@@ -177,4 +179,4 @@ async def resume_after_approval(
         on_agent_drift=opts.on_agent_drift,
         metadata=opts.context or {},
     )
-    return await run.apply_decision(snapshot, checkpoint)
+    return await run.apply_decision(snapshot, checkpoint, approval_store)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from lousho.abort import AbortSignal, RunAborted
-from lousho.approvals import ApprovalSnapshot, ApprovalStore
+from lousho.approvals import ApprovalSnapshot, ApprovalStore, utc_now
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await
 from lousho.definition import ResolvedAgent
 from lousho.engine import (
@@ -38,6 +38,7 @@ from lousho.engine import (
 )
 from lousho.errors import (
     AgentDriftError,
+    ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
     ConfigurationError,
     ResumeToolMissingError,
@@ -309,8 +310,10 @@ class Run:
 
     # -- approvals --------------------------------------------------------------
 
-    async def apply_decision(self, snapshot: ApprovalSnapshot, checkpoint: Checkpoint) -> RunResult:
-        """Record the paused call's result, then go on with the rest of the turn (reference: approvals, 1-3)."""
+    async def apply_decision(self, snapshot: ApprovalSnapshot, checkpoint: Checkpoint, source: ApprovalStore) -> RunResult:
+        """Record the paused call's result, then go on with the rest of the turn (reference: approvals, 1-3).
+
+        `source` is the store the approval was decided in (later approvals may go elsewhere)."""
         if checkpoint.status != "awaiting-approval" or checkpoint.approval_id != snapshot.id:
             raise ApprovalNotFoundError(
                 f"approval {snapshot.id!r} is not what session {snapshot.session_id!r} waits on "
@@ -318,7 +321,7 @@ class Run:
             )
         decision = snapshot.decision
         assert decision is not None
-        reopen = self._reopen(snapshot.id)
+        reopen = self._reopen(source, snapshot.id)
         await self.check_drift(snapshot.fingerprint, on_error=reopen)
         try:
             self.check_tools_exist([snapshot.tool_call], None)
@@ -328,26 +331,28 @@ class Run:
         resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
         self._latest = resumed
         try:
-            resumed = await self._record_decision(resumed, snapshot)
+            resumed = await self._record_decision(resumed, snapshot, source)
             return await self._loop(resumed)
         except RunAborted:
             return await self._abort(self._latest)
 
-    def _reopen(self, approval_id: str) -> Any:
+    def _reopen(self, source: ApprovalStore, approval_id: str) -> Any:
         async def reopen() -> None:
-            if self.approval_store is not None:
-                await maybe_await(self.approval_store.reopen(approval_id))
+            await maybe_await(source.reopen(approval_id))
 
         return reopen
 
-    async def _record_decision(self, checkpoint: Checkpoint, snapshot: ApprovalSnapshot) -> Checkpoint:
+    async def _record_decision(self, checkpoint: Checkpoint, snapshot: ApprovalSnapshot, source: ApprovalStore) -> Checkpoint:
         call = snapshot.tool_call
+        if snapshot.applied_at is not None:
+            raise ApprovalAlreadyResolvedError(f"approval {snapshot.id!r} was already applied at {snapshot.applied_at}")
         if snapshot.status == "approved":
             plan = await plan_tool_call(call, self.agent, self._ctx(call), skip_approval=True)
             checkpoint = await self.run_calls(checkpoint, [plan])
         else:
             rejection = tool_error("rejected", snapshot.note or "A human rejected this call; it was not run.")
             checkpoint = await self.run_calls(checkpoint, [PlannedCall(call, error=rejection)])
+        await maybe_await(source.save(snapshot.model_copy(update={"applied_at": utc_now()})))
         if snapshot.remaining_tool_calls is None:
             # A snapshot from before `remaining_tool_calls` existed: the calls after the paused one
             # do not run, but each gets a result so the transcript stays valid (reference: compatibility).
