@@ -105,8 +105,8 @@ class AgentExecutor:
         if stored.status == "awaiting-approval":
             return await _continue_decided_approval(run, stored, approval_store)
         if stored.status == "in-progress":
-            await run.check_drift(stored.fingerprint)
             run.check_tools_exist(stored.pending_tool_calls(), stored.fingerprint)
+            await run.check_drift(stored.fingerprint)
             checkpoint: Checkpoint | None = add_input_to_unfinished(stored, messages)
         else:
             checkpoint = continue_finished(stored, messages)

@@ -322,12 +322,12 @@ class Run:
         decision = snapshot.decision
         assert decision is not None
         reopen = self._reopen(source, snapshot.id)
-        await self.check_drift(snapshot.fingerprint, on_error=reopen)
         try:
             self.check_tools_exist([snapshot.tool_call], None)
         except SDKError:
             await reopen()
             raise
+        await self.check_drift(snapshot.fingerprint, on_error=reopen)
         resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
         self._latest = resumed
         try:
