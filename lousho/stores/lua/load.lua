@@ -1,0 +1,28 @@
+-- Read one session's latest checkpoint in one round trip, consistently (RedisStore).
+--
+-- KEYS: 1 head, 2 messages list
+-- Replies: {'none'} | {'corrupt', problem} | {'head', head, message...}: the head and the
+-- messages its segments name, in transcript order. A plain checkpoint JSON (no store
+-- header) comes back alone; the caller reads its inline messages and reports damage.
+local cp, msgs = KEYS[1], KEYS[2]
+local kind = redis.call('TYPE', cp)['ok']
+if kind == 'none' then return {'none'} end
+if kind ~= 'string' then return {'corrupt', cp .. ' holds a ' .. kind .. ', not a string'} end
+local head = redis.call('GET', cp)
+local header = string.match(head, '^{"%$store":(%b{})')
+if not header then return {'head', head} end
+local ok, meta = pcall(cjson.decode, header)
+if not ok or type(meta) ~= 'table' or type(meta.s) ~= 'table' then return {'head', head} end
+local list_kind = redis.call('TYPE', msgs)['ok']
+if list_kind ~= 'none' and list_kind ~= 'list' then
+  return {'corrupt', msgs .. ' holds a ' .. list_kind .. ', not a list'}
+end
+local reply = {'head', head}
+for _, seg in ipairs(meta.s) do
+  if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
+    return {'corrupt', 'its store header is damaged'}
+  end
+  local part = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
+  for _, message in ipairs(part) do reply[#reply + 1] = message end
+end
+return reply

@@ -1,0 +1,104 @@
+"""`RedisStore`: checkpoints, history and approvals in Redis, shared by every process of a fleet.
+
+```python
+store = RedisStore("redis://localhost:6379/0")          # or RedisStore(redis_client), RedisStore.from_env()
+agent = create_agent(..., store=store)
+```
+
+What a save costs does not grow with the transcript: messages are stored once and
+appended, and each history entry refers to a prefix of them (see
+`lousho.stores.redis_checkpoints` for the layout). Every save is one Lua script, a
+compare-and-set on the checkpoint's version, so a worker that lost its lease cannot
+overwrite newer progress. Driver errors become `StoreUnavailableError` naming the
+Redis (never its password). Deploy Redis with `appendonly yes` and
+`maxmemory-policy noeviction`: an evicted key is a lost checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+from lousho.errors import ConfigurationError
+from lousho.stores.redis_approvals import RedisApprovalStore
+from lousho.stores.redis_checkpoints import RedisCheckpointStore
+from lousho.stores.redis_common import RedisKeys, connect, describe
+
+__all__ = ["RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore"]
+
+
+class RedisStore:
+    """A store bundle on one Redis: `.checkpoints`, `.approvals`, and the `.client` they share.
+
+    - `prefix`: every key starts with it (default `lousho:`); sessions are hash-tagged under it.
+    - `history_limit`: saves kept per session in the history ring (0 keeps none).
+    - `ttl_s`: when set, every key of a session (and each approval) expires that long after its
+      last save; each save refreshes it. None keeps them until deleted.
+    - `inflight_deadline_ms`: how long an 'in-progress' session may go without a save before the
+      reaper may requeue it (0 turns the in-flight index off).
+    - `cache_size`: sessions whose last saved transcript this process remembers (to send only
+      new messages); a cold or wrong cache only costs a save that sends the whole transcript.
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | redis.Redis,
+        *,
+        prefix: str = "lousho:",
+        history_limit: int = 50,
+        ttl_s: float | None = None,
+        inflight_deadline_ms: int = 120_000,
+        cache_size: int = 1024,
+        **client_options: Any,
+    ) -> None:
+        if history_limit < 0:
+            raise ConfigurationError(f"history_limit must be 0 or more, not {history_limit}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ConfigurationError(f"ttl_s must be positive (or None for no expiry), not {ttl_s}")
+        if isinstance(url_or_client, str):
+            self.client = connect(url_or_client, **client_options)
+        elif isinstance(url_or_client, redis.Redis):
+            if client_options:
+                raise ConfigurationError("client options apply to a URL; configure the client you pass instead")
+            self.client = url_or_client
+        else:
+            raise ConfigurationError(
+                f"RedisStore takes a Redis URL or a redis.Redis client, not {type(url_or_client).__name__}"
+            )
+        self.keys = RedisKeys(prefix)
+        self.prefix = prefix
+        self.history_limit = history_limit
+        self.ttl_s = ttl_s
+        ttl_ms = 0 if ttl_s is None else max(1, round(ttl_s * 1000))
+        self.checkpoints = RedisCheckpointStore(
+            self.client,
+            self.keys,
+            history_limit=history_limit,
+            ttl_ms=ttl_ms,
+            inflight_deadline_ms=inflight_deadline_ms,
+            cache_size=cache_size,
+        )
+        self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms)
+
+    @classmethod
+    def from_env(cls, variable: str = "REDIS_URL", **options: Any) -> RedisStore:
+        """A store for the URL in `$REDIS_URL` (or `variable`); a missing variable is a clear error."""
+        url = os.environ.get(variable)
+        if not url:
+            raise ConfigurationError(f"${variable} is not set; set it to a Redis URL such as redis://localhost:6379/0")
+        return cls(url, **options)
+
+    def close(self) -> None:
+        """Close the client's connections (only needed for a store that made its own client)."""
+        self.client.close()
+
+    def __enter__(self) -> RedisStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"RedisStore({describe(self.client)}, prefix={self.prefix!r}, history_limit={self.history_limit})"

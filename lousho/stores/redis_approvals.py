@@ -1,0 +1,135 @@
+"""Approval snapshots in Redis: one JSON value per id plus an index of the pending ones.
+
+`<prefix>approval:<id>` holds the snapshot; `<prefix>approvals:pending` (a sorted set,
+id -> created_at ms) lists the pending ones, so `pending()` reads only those instead of
+scanning every approval ever made. `decide` and `reopen` are optimistic transactions
+(WATCH the snapshot, check its status, MULTI/EXEC): of two deciders racing on one
+approval exactly one succeeds and the other sees it decided, so the tool never runs twice.
+A script is not used here because it would have to re-encode the snapshot's JSON, and
+Lua's cjson does not keep every number exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import cast
+
+import redis
+from pydantic import ValidationError
+
+from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
+from lousho.stores.redis_common import RedisKeys, redis_errors, text
+
+__all__ = ["RedisApprovalStore"]
+
+_MGET_CHUNK = 500
+
+
+class RedisApprovalStore:
+    """`ApprovalStore` on Redis; `decide` is atomic across processes."""
+
+    def __init__(self, client: redis.Redis, keys: RedisKeys, *, ttl_ms: int = 0) -> None:
+        self.client = client
+        self.keys = keys
+        self.ttl_ms = ttl_ms
+
+    def save(self, snapshot: ApprovalSnapshot) -> None:
+        """Create or replace the snapshot, and its place in the pending index, in one transaction."""
+        with redis_errors(self.client, f"save approval {snapshot.id!r}"):
+            pipe = self.client.pipeline(transaction=True)
+            self._queue_write(pipe, snapshot)
+            pipe.execute()
+
+    def load(self, approval_id: str) -> ApprovalSnapshot | None:
+        with redis_errors(self.client, f"load approval {approval_id!r}"):
+            raw = cast(bytes | str | None, self.client.get(self.keys.approval(approval_id)))
+        return None if raw is None else _decode(approval_id, raw)
+
+    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        """Move a pending approval to approved/rejected; a second decision raises, whoever made it."""
+
+        def change(snapshot: ApprovalSnapshot) -> ApprovalSnapshot:
+            if snapshot.status != "pending":
+                raise ApprovalAlreadyResolvedError(
+                    f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; "
+                    "it is not run again"
+                )
+            return snapshot.model_copy(
+                update={"status": "approved" if approved else "rejected", "note": note, "decided_at": utc_now()}
+            )
+
+        decided = self._update(approval_id, change, action=f"decide approval {approval_id!r}")
+        if decided is None:
+            raise ApprovalNotFoundError(f"no approval {approval_id!r} in this store; check the id and the store")
+        return decided
+
+    def reopen(self, approval_id: str) -> None:
+        """Put a decided approval back to pending (its decision could not be applied); unknown ids are ignored."""
+        self._update(
+            approval_id,
+            lambda s: s.model_copy(update={"status": "pending", "note": None, "decided_at": None}),
+            action=f"reopen approval {approval_id!r}",
+        )
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first (optionally of one session)."""
+        with redis_errors(self.client, "list pending approvals"):
+            ids = [text(i) for i in cast(list[bytes | str], self.client.zrange(self.keys.pending_approvals, 0, -1))]
+            raws: list[tuple[str, bytes | str | None]] = []
+            for start in range(0, len(ids), _MGET_CHUNK):
+                chunk = ids[start : start + _MGET_CHUNK]
+                values = cast(list[bytes | str | None], self.client.mget([self.keys.approval(i) for i in chunk]))
+                raws.extend(zip(chunk, values, strict=True))
+        snapshots = [_decode(i, raw) for i, raw in raws if raw is not None]
+        return sorted(
+            (s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)),
+            key=lambda s: s.created_at,
+        )
+
+    def _update(
+        self, approval_id: str, change: Callable[[ApprovalSnapshot], ApprovalSnapshot], *, action: str
+    ) -> ApprovalSnapshot | None:
+        """Read, change and write one snapshot as an optimistic transaction; retried when it raced."""
+        key = self.keys.approval(approval_id)
+        with redis_errors(self.client, action), self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    raw = cast(bytes | str | None, pipe.get(key))
+                    if raw is None:
+                        pipe.unwatch()
+                        return None
+                    changed = change(_decode(approval_id, raw))
+                    pipe.multi()
+                    self._queue_write(pipe, changed)
+                    pipe.execute()
+                    return changed
+                except redis.WatchError:
+                    continue
+
+    def _queue_write(self, pipe: redis.client.Pipeline, snapshot: ApprovalSnapshot) -> None:
+        key = self.keys.approval(snapshot.id)
+        pipe.set(key, snapshot.model_dump_json(), px=self.ttl_ms or None)
+        if snapshot.status == "pending":
+            pipe.zadd(self.keys.pending_approvals, {snapshot.id: _created_ms(snapshot)})
+        else:
+            pipe.zrem(self.keys.pending_approvals, snapshot.id)
+
+
+def _created_ms(snapshot: ApprovalSnapshot) -> int:
+    try:
+        return int(datetime.fromisoformat(snapshot.created_at).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+def _decode(approval_id: str, raw: bytes | str) -> ApprovalSnapshot:
+    try:
+        return ApprovalSnapshot.model_validate_json(raw)
+    except ValidationError as exc:
+        raise SDKError(
+            f"the stored approval {approval_id!r} cannot be read ({exc.errors()[0]['msg']}); it was left as it is",
+            code="LOUSHO_APPROVAL_CORRUPT",
+        ) from exc

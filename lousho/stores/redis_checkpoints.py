@@ -1,0 +1,376 @@
+"""Checkpoints in Redis: a small head per save, the transcript stored once, the history as a list.
+
+Layout per session (all under one hash tag, so one Cluster slot):
+
+- `<prefix>{s}:msgs`: every message ever saved, as JSON, appended with RPUSH and never rewritten.
+- `<prefix>{s}:cp`: the latest head: the checkpoint without its messages, behind a store header
+  `{"$store":{"f":1,"v":<version>,"w":<writer id>,"t":<ms>,"s":[[start,count],...]}, ...}` whose
+  segments name the transcript as slices of `msgs` (one slice, unless a save rewrote the transcript).
+- `<prefix>{s}:hist`: the history ring (LPUSH + LTRIM): each entry is such a head, so an entry does
+  not grow with the transcript, and loading it gives the checkpoint exactly as it was at that save.
+
+A save sends only the messages the stored transcript lacks: the store remembers, per session, the
+version, writer id and messages of the last checkpoint it saved or loaded. The save script checks
+the version (the fencing token) and that the stored head is still the one remembered; when it is
+not (another process wrote, the cache was cold), the writer sends the whole transcript and the
+script appends only what differs from the stored one.
+
+The in-flight index `<prefix>inflight` (session -> deadline, Redis server time in ms) holds the
+sessions a worker should be moving: a save of an 'in-progress' checkpoint adds or refreshes it
+(deadline = now + `inflight_deadline_ms`); a save of a 'finished' or 'awaiting-approval' one
+removes it (nothing runs until a human decides), as does `delete`. The reaper reads it with
+`inflight(due_before_ms)`. Because that key is global, a save touches two slots: this store
+targets a standalone Redis (or one primary), not Redis Cluster.
+
+Messages of a transcript that a save rewrote (rare: a patched fork into the same session) stay in
+`msgs` until the session is deleted; older history entries may still refer to them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import redis
+from pydantic import ValidationError
+
+from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint, validate_session_id
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.messages import Message
+from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
+
+__all__ = ["RedisCheckpointStore"]
+
+_HEADER = "$store"
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What this process last saw stored for a session: enough to send only new messages."""
+
+    version: int
+    writer_id: str
+    messages: tuple[Message, ...]
+
+
+class _SessionCache:
+    """A small LRU of `_Known` per session; a wrong entry costs a retry, never a wrong save."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, _Known] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> _Known | None:
+        with self._lock:
+            known = self._entries.get(session_id)
+            if known is not None:
+                self._entries.move_to_end(session_id)
+            return known
+
+    def put(self, session_id: str, known: _Known) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._entries[session_id] = known
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def drop(self, session_id: str) -> None:
+        with self._lock:
+            self._entries.pop(session_id, None)
+
+
+def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
+    """How many leading messages `new` shares with `old` (identity first: the engine shares them)."""
+    if len(new) >= len(old) and list(new[: len(old)]) == list(old):
+        return len(old)
+    count = 0
+    for before, after in zip(old, new, strict=False):
+        if before is not after and before != after:
+            break
+        count += 1
+    return count
+
+
+class RedisCheckpointStore:
+    """`CheckpointStore` with history on Redis; see the module docstring for the layout."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RedisKeys,
+        *,
+        history_limit: int = 50,
+        ttl_ms: int = 0,
+        inflight_deadline_ms: int = 120_000,
+        cache_size: int = 1024,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.history_limit = history_limit
+        self.ttl_ms = ttl_ms
+        self.inflight_deadline_ms = inflight_deadline_ms
+        self._cache = _SessionCache(cache_size)
+        self._save = load_script(client, "save")
+        self._load = load_script(client, "load")
+        self._history = load_script(client, "history")
+
+    # -- save ------------------------------------------------------------------------------
+
+    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
+        """Compare-and-set `checkpoint` as the session's latest (version must be stored + 1)."""
+        validate_session_id(session_id)
+        body = checkpoint.model_dump_json(exclude={"messages"})
+        writer_id = uuid.uuid4().hex
+        known = self._cache.get(session_id)
+        with redis_errors(self.client, f"save session {session_id!r}"):
+            if known is not None and known.version == checkpoint.version - 1:
+                keep = _common_prefix(known.messages, checkpoint.messages)
+                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer_id, keep)
+                if reply[0] == "resync":
+                    reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0)
+            else:
+                reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0)
+        self._settle(session_id, checkpoint, writer_id, reply)
+
+    def _run_save(
+        self, session_id: str, checkpoint: Checkpoint, body: str, writer_id: str, expected: str, keep: int
+    ) -> list[Any]:
+        """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
+        new = checkpoint.messages[keep:] if expected else checkpoint.messages
+        args: list[str | int] = [
+            checkpoint.version,
+            expected,
+            keep,
+            writer_id,
+            body,
+            self.history_limit,
+            self.ttl_ms,
+            self._deadline_for(checkpoint),
+            session_id,
+            *(message.model_dump_json() for message in new),
+        ]
+        keys = [*self.keys.session_keys(session_id), self.keys.inflight]
+        reply = self._save(keys=keys, args=args)
+        return [text(part) if isinstance(part, bytes) else part for part in reply]
+
+    def _deadline_for(self, checkpoint: Checkpoint) -> int:
+        """In-flight action: a deadline for running work, 0 (remove) otherwise, -1 when the index is off."""
+        if self.inflight_deadline_ms <= 0:
+            return -1
+        return self.inflight_deadline_ms if checkpoint.status == "in-progress" else 0
+
+    def _settle(self, session_id: str, checkpoint: Checkpoint, writer_id: str, reply: list[Any]) -> None:
+        """Turn the script's reply into the cache update or the typed error."""
+        outcome = reply[0]
+        if outcome in ("ok", "done"):
+            self._cache.put(session_id, _Known(checkpoint.version, writer_id, tuple(checkpoint.messages)))
+            return
+        self._cache.drop(session_id)
+        if outcome == "conflict":
+            found = int(reply[1])
+            raise CheckpointConflictError(session_id, checkpoint.version - 1, None if found < 0 else found)
+        if outcome == "corrupt":
+            raise CorruptCheckpointError(session_id, f"{reply[1]}; the save was refused")
+        raise CorruptCheckpointError(session_id, f"the save script answered {reply!r}; the save was refused")
+
+    # -- load ------------------------------------------------------------------------------
+
+    def load(self, session_id: str) -> Checkpoint | None:
+        """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
+        validate_session_id(session_id)
+        with redis_errors(self.client, f"load session {session_id!r}"):
+            reply = self._load(keys=[self.keys.head(session_id), self.keys.messages(session_id)])
+        kind = text(reply[0])
+        if kind == "none":
+            return None
+        if kind == "corrupt":
+            raise CorruptCheckpointError(session_id, text(reply[1]))
+        messages = _parse_messages(session_id, reply[2:])
+        checkpoint, meta = _decode_record(
+            session_id, reply[1], lambda segments: _expect(session_id, segments, messages)
+        )
+        if meta is not None:
+            self._cache.put(session_id, _Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
+        return checkpoint
+
+    # -- history ---------------------------------------------------------------------------
+
+    def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
+        """The newest `limit` saves (all kept when None), newest first, each as it was saved."""
+        validate_session_id(session_id)
+        if limit is not None and limit <= 0:
+            return []
+        with redis_errors(self.client, f"read the history of session {session_id!r}"):
+            reply = self._history(
+                keys=[self.keys.history(session_id), self.keys.messages(session_id)],
+                args=[-1 if limit is None else limit],
+            )
+        if text(reply[0]) == "corrupt":
+            raise CorruptCheckpointError(session_id, text(reply[1]))
+        count = int(reply[1])
+        entries, pool = reply[2 : 2 + count], _MessagePool(session_id, reply[2 + count :])
+        result = []
+        for raw in entries:
+            checkpoint, meta = _decode_record(session_id, raw, pool.take)
+            saved_at = datetime.fromtimestamp(int(meta["t"]) / 1000, UTC).isoformat() if meta else ""
+            result.append(
+                HistoryEntry(
+                    step=checkpoint.step_index, saved_at=saved_at, status=checkpoint.status, checkpoint=checkpoint
+                )
+            )
+        return result
+
+    # -- delete, sessions, in-flight index -------------------------------------------------
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        """Forget the session; with `keep_history` the ring and the messages it refers to stay."""
+        validate_session_id(session_id)
+        head, messages, history = self.keys.session_keys(session_id)
+        with redis_errors(self.client, f"delete session {session_id!r}"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(head) if keep_history else pipe.delete(head, messages, history)
+            pipe.zrem(self.keys.inflight, session_id)
+            pipe.execute()
+        self._cache.drop(session_id)
+
+    def sessions(self, status: str | None = None) -> list[str]:
+        """Session ids with a latest checkpoint (SCAN on the prefix), optionally of one `status`."""
+        with redis_errors(self.client, "list sessions"):
+            found: dict[str, str] = {}
+            for key in self.client.scan_iter(match=self.keys.head_pattern, count=1000):
+                name = text(key)
+                session = self.keys.session_of_head(name)
+                if session is not None:
+                    found[session] = name
+            if status is None:
+                return sorted(found)
+            heads: list[Any] = cast(list[Any], self.client.mget(list(found.values()))) if found else []
+        return sorted(s for s, raw in zip(found, heads, strict=True) if raw is not None and _status_of(raw) == status)
+
+    def inflight(self, due_before_ms: int | None = None, limit: int | None = None) -> list[tuple[str, int]]:
+        """(session, deadline ms) of in-flight sessions whose deadline is before `due_before_ms`
+        (Redis server time; now when None), earliest first."""
+        with redis_errors(self.client, "read the in-flight index"):
+            if due_before_ms is None:
+                due_before_ms = self.server_time_ms()
+            rows = cast(
+                list[tuple[bytes | str, float]],
+                self.client.zrangebyscore(
+                    self.keys.inflight,
+                    "-inf",
+                    f"({due_before_ms}",
+                    start=0 if limit else None,
+                    num=limit,
+                    withscores=True,
+                ),
+            )
+        return [(text(member), int(score)) for member, score in rows]
+
+    def touch_inflight(self, session_id: str, deadline_ms: int | None = None) -> None:
+        """Set a session's in-flight deadline (default: server now + `inflight_deadline_ms`)."""
+        with redis_errors(self.client, f"touch the in-flight deadline of {session_id!r}"):
+            deadline = deadline_ms if deadline_ms is not None else self.server_time_ms() + self.inflight_deadline_ms
+            self.client.zadd(self.keys.inflight, {session_id: deadline})
+
+    def drop_inflight(self, session_id: str) -> None:
+        """Take a session out of the in-flight index (the reaper, for a session that is gone)."""
+        with redis_errors(self.client, f"drop {session_id!r} from the in-flight index"):
+            self.client.zrem(self.keys.inflight, session_id)
+
+    def server_time_ms(self) -> int:
+        """Redis server time: deadlines follow one clock, not each worker's."""
+        seconds, micros = cast(tuple[int, int], self.client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def put_raw(self, session_id: str, raw: str | bytes) -> None:
+        """Store a raw value as the latest head (tests of corrupt and foreign records)."""
+        with redis_errors(self.client, f"write a raw head for {session_id!r}"):
+            self.client.set(self.keys.head(session_id), raw)
+        self._cache.drop(session_id)
+
+
+class _MessagePool:
+    """The session's messages list, parsed lazily and once, shared by every history entry."""
+
+    def __init__(self, session_id: str, raws: Sequence[bytes | str]) -> None:
+        self._session_id = session_id
+        self._raws = raws
+        self._parsed: dict[int, Message] = {}
+
+    def take(self, segments: list[list[int]]) -> list[Message]:
+        out = []
+        for start, count in segments:
+            if start < 0 or start + count > len(self._raws):
+                raise CorruptCheckpointError(self._session_id, "a history entry names messages the list no longer has")
+            for index in range(start, start + count):
+                message = self._parsed.get(index)
+                if message is None:
+                    message = self._parsed[index] = _parse_messages(self._session_id, [self._raws[index]])[0]
+                out.append(message)
+        return out
+
+
+def _parse_messages(session_id: str, raws: Sequence[bytes | str]) -> list[Message]:
+    try:
+        return [Message.model_validate_json(raw) for raw in raws]
+    except ValidationError as exc:
+        raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
+
+
+def _expect(session_id: str, segments: list[list[int]], messages: list[Message]) -> list[Message]:
+    """The load script already sliced the segments; check that the list still held them all."""
+    if sum(count for _, count in segments) != len(messages):
+        raise CorruptCheckpointError(
+            session_id, "its messages list is shorter than its head says (deleted or expired?)"
+        )
+    return messages
+
+
+def _decode_record(session_id: str, raw: bytes | str, messages_for: Any) -> tuple[Checkpoint, dict[str, Any] | None]:
+    """A head or history entry as a checkpoint, plus its store header (None for a plain checkpoint JSON).
+
+    `messages_for(segments)` supplies the transcript the header names; a plain JSON keeps its own.
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return decode_checkpoint(session_id, raw), None  # raises, saying "not JSON"
+    meta = data.pop(_HEADER, None) if isinstance(data, dict) else None
+    if meta is None:
+        return decode_checkpoint(session_id, data), None
+    if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > 1:
+        raise CorruptCheckpointError(
+            session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
+        )
+    if not _valid_header(meta):
+        raise CorruptCheckpointError(session_id, "its store header is damaged")
+    data["messages"] = messages_for(meta["s"])
+    return decode_checkpoint(session_id, data), meta
+
+
+def _valid_header(meta: Any) -> bool:
+    return (
+        isinstance(meta, dict)
+        and isinstance(meta.get("v"), int)
+        and isinstance(meta.get("w"), str)
+        and isinstance(meta.get("t"), int)
+        and isinstance(meta.get("s"), list)
+        and all(isinstance(s, list) and len(s) == 2 and all(isinstance(n, int) for n in s) for s in meta["s"])
+    )
+
+
+def _status_of(raw: bytes | str) -> str | None:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data.get("status", "in-progress") if isinstance(data, dict) else None

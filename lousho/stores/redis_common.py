@@ -1,0 +1,145 @@
+"""What the Redis store's parts share: key names, the Lua scripts, and error translation.
+
+Kept apart from the stores so the worker's leases and the reaper can name the
+same keys (`RedisKeys.session_key(session, "lease")`) without importing a store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from lousho.errors import ConfigurationError, StoreUnavailableError
+
+__all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key names under one prefix.
+
+    A session's keys carry the session id as a hash tag (`{session}`) so that in
+    Redis Cluster they all hash to one slot, which is what lets one Lua script
+    touch them together.
+    """
+
+    prefix: str = "lousho:"
+
+    def __post_init__(self) -> None:
+        if "{" in self.prefix or "}" in self.prefix:
+            raise ConfigurationError(
+                f"Redis key prefix {self.prefix!r} contains '{{' or '}}'; those would replace the per-session "
+                "hash tag. Use a prefix without braces"
+            )
+
+    def session_key(self, session_id: str, part: str) -> str:
+        """`<prefix>{<session>}:<part>`: any per-session key (cp, msgs, hist, lease, ...)."""
+        return f"{self.prefix}{{{session_id}}}:{part}"
+
+    def head(self, session_id: str) -> str:
+        return self.session_key(session_id, "cp")
+
+    def messages(self, session_id: str) -> str:
+        return self.session_key(session_id, "msgs")
+
+    def history(self, session_id: str) -> str:
+        return self.session_key(session_id, "hist")
+
+    def session_keys(self, session_id: str) -> tuple[str, str, str]:
+        """Every key the checkpoint store writes for a session."""
+        return self.head(session_id), self.messages(session_id), self.history(session_id)
+
+    @property
+    def inflight(self) -> str:
+        return f"{self.prefix}inflight"
+
+    def approval(self, approval_id: str) -> str:
+        return f"{self.prefix}approval:{approval_id}"
+
+    @property
+    def pending_approvals(self) -> str:
+        return f"{self.prefix}approvals:pending"
+
+    @property
+    def head_pattern(self) -> str:
+        """SCAN pattern of every session head under the prefix (glob characters of the prefix escaped)."""
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "{*}:cp"
+
+    def session_of_head(self, key: str) -> str | None:
+        """The session id in a head key's name, or None for a key that is not one."""
+        inner = key[len(self.prefix) :]
+        if key.startswith(self.prefix) and inner.startswith("{") and inner.endswith("}:cp"):
+            return inner[1:-4]
+        return None
+
+
+def connect(url: str, **options: Any) -> redis.Redis:
+    """A client for `url` with timeouts, so a hung Redis fails a call instead of hanging a worker."""
+    options.setdefault("socket_connect_timeout", 5.0)
+    options.setdefault("socket_timeout", 30.0)
+    options.setdefault("health_check_interval", 30)
+    try:
+        return redis.Redis.from_url(url, **options)
+    except ValueError as exc:
+        raise ConfigurationError(f"not a Redis URL: {exc} (expected redis://, rediss:// or unix://)") from None
+
+
+def describe(client: Any) -> str:
+    """Which Redis a client talks to, for messages: host:port/db or the socket path; never the password."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
+    if kwargs.get("path"):
+        return f"unix socket {kwargs['path']} (db {kwargs.get('db', 0)})"
+    if kwargs.get("host"):
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)} (db {kwargs.get('db', 0)})"
+    return "the configured Redis"
+
+
+def _scrub(message: str, client: Any) -> str:
+    """Remove the client's password (and user) from a driver message, should one ever carry it."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
+    for secret in (kwargs.get("password"), kwargs.get("username")):
+        if isinstance(secret, str) and secret:
+            message = message.replace(secret, "***")
+    return message
+
+
+@contextlib.contextmanager
+def redis_errors(client: Any, action: str) -> Iterator[None]:
+    """Translate the driver's errors where they enter: callers only ever see `StoreUnavailableError`.
+
+    A script is atomic on the server, so a call that fails here either ran whole or not at
+    all; a save that is retried after its reply was lost is recognised by its writer id.
+    """
+    try:
+        yield
+    except redis.RedisError as exc:
+        kind = "unreachable" if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) else "refused the call"
+        raise StoreUnavailableError(
+            f"Redis at {describe(client)} {kind} while trying to {action}: {type(exc).__name__}: "
+            f"{_scrub(str(exc), client)}. Check that it runs and accepts this client (address, password, "
+            "maxmemory, not a read-only replica); nothing was half-written"
+        ) from exc
+
+
+@cache
+def _script_source(name: str) -> str:
+    return resources.files("lousho.stores").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+def load_script(client: redis.Redis, name: str) -> Script:
+    """Register `lua/<name>.lua`; redis-py's Script reloads it on NOSCRIPT (e.g. after a Redis restart)."""
+    return client.register_script(_script_source(name))
+
+
+def text(value: bytes | str) -> str:
+    """A reply as str, whether or not the client decodes responses."""
+    return value.decode() if isinstance(value, bytes) else value
