@@ -347,23 +347,20 @@ class TrajectoryComparison(BaseModel):
         for order in drift.tool_order:
             lines.append(f"tool order at step {order.step}: a {order.a}, b {order.b}")
         for arg in drift.arguments:
-            lines.append(f"arguments of {arg.tool} at step {arg.step}: a {arg.a}, b {arg.b}")
+            lines.append(f"arguments of {arg.tool} at step {arg.step}: a {_short(arg.a)}, b {_short(arg.b)}")
         return "\n".join(lines)
 
 
 def _describe_step(step: TrajectoryStep) -> str:
-    parts = [
-        f"{c.name}({_short(c.arguments)}) -> {_short(c.result) if c.has_result else '(no result)'}"
-        for c in step.tool_calls
-    ]
-    if step.text:
-        parts.append(repr(step.text))
+    parts = [repr(step.text)] if step.text else []
+    for c in step.tool_calls:
+        parts.append(f"{c.name}({_short(c.arguments)}) -> {_short(c.result) if c.has_result else '(no result)'}")
     return "; ".join(parts) or "(empty turn)"
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value, default=str, sort_keys=True)
-    return text if len(text) <= 80 else text[:77] + "..."
+    text = json.dumps(value, default=str, sort_keys=True, ensure_ascii=False)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 Trajectory: TypeAlias = "Checkpoint | RunResult | Sequence[Message]"
