@@ -173,11 +173,13 @@ async def take_model_turn(
 
 @dataclass(frozen=True)
 class PlannedCall:
-    """What a pending call will do: run with validated `args`, record `error`, or wait for approval."""
+    """What a pending call will do: run with validated `args`, record `result` without running
+    (a validation error, a rejection, a sub-agent's answer), or wait for approval."""
 
     call: ToolCall
     args: Any = None
-    error: dict[str, Any] | None = None
+    result: Any = None
+    preset: bool = False
     needs_approval: bool = False
 
 
@@ -196,13 +198,16 @@ async def plan_tool_call(
     tool = agent.tools.get(call.name)
     if tool is None:
         known = ", ".join(sorted(agent.tools)) or "none"
-        return PlannedCall(call, error=tool_error(f"unknown tool {call.name!r}", f"Available tools: {known}."))
+        return PlannedCall(
+            call, result=tool_error(f"unknown tool {call.name!r}", f"Available tools: {known}."), preset=True
+        )
     try:
         args = tool.parse_arguments(call.arguments)
     except ValidationError as exc:
         return PlannedCall(
             call,
-            error=tool_error(
+            preset=True,
+            result=tool_error(
                 f"invalid arguments for {call.name}: {describe_validation_error(exc)}",
                 "Fix the arguments and call the tool again.",
             ),
@@ -215,8 +220,8 @@ async def plan_tool_call(
 async def run_planned_call(planned: PlannedCall, agent: ResolvedAgent, ctx: ToolContext) -> Any:
     """Run one validated call and return its result. A tool's exception becomes an error result,
     except `PropagatingToolError`, which rejects the run; a hook's exception rejects it too."""
-    if planned.error is not None:
-        return planned.error
+    if planned.preset:
+        return planned.result
     tool = agent.tools[planned.call.name]
     await call_hook(agent.hook("before_tool"), planned.call, ctx)
     try:

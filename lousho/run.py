@@ -8,7 +8,6 @@ drives the same engine functions step by step instead.
 from __future__ import annotations
 
 import asyncio
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from lousho.abort import AbortSignal, RunAborted
-from lousho.approvals import ApprovalSnapshot, ApprovalStore, utc_now
+from lousho.approvals import ApprovalSnapshot, ApprovalStore
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await
 from lousho.definition import ResolvedAgent
 from lousho.engine import (
@@ -38,14 +37,10 @@ from lousho.engine import (
 )
 from lousho.errors import (
     AgentDriftError,
-    ApprovalAlreadyResolvedError,
-    ApprovalNotFoundError,
     ConfigurationError,
     ResumeToolMissingError,
-    SDKError,
 )
 from lousho.events import (
-    ApprovalRequestedEvent,
     CheckpointSavedEvent,
     DriftEvent,
     Event,
@@ -58,7 +53,7 @@ from lousho.events import (
 from lousho.fingerprint import AgentFingerprint, diff_fingerprints
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider
-from lousho.tools import tool_error
+from lousho.subagents import run_sub_agent
 
 __all__ = ["AgentDriftWarning", "DriftPolicy", "Run", "RunResult"]
 
@@ -231,15 +226,35 @@ class Run:
         return saved
 
     async def _tool_batch(self, checkpoint: Checkpoint, calls: list[ToolCall]) -> Checkpoint:
-        """Run the pending calls in order up to the first one that needs approval, then pause on it."""
+        """Run the pending calls in order up to the first one that needs approval, then pause on it.
+
+        A sub-agent call is a barrier: the calls before it are recorded first, and if the
+        sub-agent pauses, this run pauses on the same approval."""
         planned: list[PlannedCall] = []
         for call in calls:
             plan = await plan_tool_call(call, self.agent, self._ctx(call))
             if plan.needs_approval:
                 checkpoint = await self.run_calls(checkpoint, planned)
-                return await self._pause(checkpoint, call)
+                return await self.pause(checkpoint, call)
+            tool = self.agent.tools.get(call.name)
+            if not plan.preset and tool is not None and tool.sub_agent is not None:
+                checkpoint = await self.run_calls(checkpoint, planned)
+                planned = []
+                child = await run_sub_agent(self, call, plan.args, tool.sub_agent)
+                checkpoint = await self.record_sub_agent_result(checkpoint, call, child)
+                if checkpoint.status == "awaiting-approval":
+                    return checkpoint
+                continue
             planned.append(plan)
         return await self.run_calls(checkpoint, planned)
+
+    async def record_sub_agent_result(self, checkpoint: Checkpoint, call: ToolCall, child: RunResult) -> Checkpoint:
+        """A paused sub-agent pauses this run on its approval; a finished one's text is the call's result."""
+        if child.finish_reason == "awaiting-approval" and child.approval_id:
+            return await self.pause(checkpoint, call, child_approval_id=child.approval_id)
+        if child.finish_reason == "aborted":
+            raise RunAborted(self.signal.reason)
+        return await self.run_calls(checkpoint, [PlannedCall(call, result=child.text, preset=True)])
 
     def _ctx(self, call: ToolCall) -> Any:
         return tool_context(call, self.agent, self.session_id, self.signal, self.metadata)
@@ -275,29 +290,6 @@ class Run:
             for task in running:
                 task.cancel()
 
-    async def _pause(self, checkpoint: Checkpoint, call: ToolCall) -> Checkpoint:
-        """Save the approval first, then the 'awaiting-approval' checkpoint that points at it."""
-        assert self.approval_store is not None
-        turn = checkpoint.last_tool_turn()
-        calls = turn[1].tool_calls if turn else []
-        remaining = calls[[c.id for c in calls].index(call.id) + 1 :]
-        approval_id = f"appr_{uuid.uuid4().hex}"
-        paused = self._stamp(checkpoint, status="awaiting-approval", approval_id=approval_id)
-        snapshot = ApprovalSnapshot(
-            id=approval_id,
-            session_id=self.session_id,
-            agent_name=self.agent.name,
-            tool_call=call,
-            remaining_tool_calls=remaining,
-            checkpoint=paused,
-            fingerprint=paused.fingerprint,
-            max_steps=self.max_steps,
-        )
-        await maybe_await(self.approval_store.save(snapshot))
-        paused = await self._write(paused)
-        await self.emit(ApprovalRequestedEvent(approval_id=approval_id, call=call))
-        return paused
-
     async def _abort(self, checkpoint: Checkpoint) -> RunResult:
         """Every unfinished call of the turn gets a 'cancelled' result; the run stays 'in-progress'."""
         if checkpoint.status == "awaiting-approval":
@@ -308,59 +300,25 @@ class Run:
         await self.emit(FinishedEvent(finish_reason="aborted"))
         return RunResult.of(checkpoint, "aborted")
 
-    # -- approvals --------------------------------------------------------------
+    # -- approvals (lousho/pausing.py) -----------------------------------------
 
-    async def apply_decision(self, snapshot: ApprovalSnapshot, checkpoint: Checkpoint, source: ApprovalStore) -> RunResult:
+    async def pause(self, checkpoint: Checkpoint, call: ToolCall, child_approval_id: str | None = None) -> Checkpoint:
+        from lousho.pausing import pause_for_approval
+
+        return await pause_for_approval(self, checkpoint, call, child_approval_id)
+
+    async def apply_decision(
+        self, snapshot: ApprovalSnapshot, checkpoint: Checkpoint, source: ApprovalStore | None
+    ) -> RunResult:
         """Record the paused call's result, then go on with the rest of the turn (reference: approvals, 1-3).
 
         `source` is the store the approval was decided in (later approvals may go elsewhere)."""
-        if checkpoint.status != "awaiting-approval" or checkpoint.approval_id != snapshot.id:
-            raise ApprovalNotFoundError(
-                f"approval {snapshot.id!r} is not what session {snapshot.session_id!r} waits on "
-                f"(it is {checkpoint.status!r}, approval {checkpoint.approval_id!r}); it was applied already or superseded"
-            )
-        decision = snapshot.decision
-        assert decision is not None
-        reopen = self._reopen(source, snapshot.id)
-        try:
-            self.check_tools_exist([snapshot.tool_call], None)
-        except SDKError:
-            await reopen()
-            raise
-        await self.check_drift(snapshot.fingerprint, on_error=reopen)
-        resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
+        from lousho.pausing import prepare_resume, record_decision
+
+        resumed = await prepare_resume(self, snapshot, checkpoint, source)
         self._latest = resumed
         try:
-            resumed = await self._record_decision(resumed, snapshot, source)
+            resumed = await record_decision(self, resumed, snapshot, source)
             return await self._loop(resumed)
         except RunAborted:
             return await self._abort(self._latest)
-
-    def _reopen(self, source: ApprovalStore, approval_id: str) -> Any:
-        async def reopen() -> None:
-            await maybe_await(source.reopen(approval_id))
-
-        return reopen
-
-    async def _record_decision(self, checkpoint: Checkpoint, snapshot: ApprovalSnapshot, source: ApprovalStore) -> Checkpoint:
-        call = snapshot.tool_call
-        if snapshot.applied_at is not None:
-            raise ApprovalAlreadyResolvedError(f"approval {snapshot.id!r} was already applied at {snapshot.applied_at}")
-        if snapshot.status == "approved":
-            plan = await plan_tool_call(call, self.agent, self._ctx(call), skip_approval=True)
-            checkpoint = await self.run_calls(checkpoint, [plan])
-        else:
-            rejection = tool_error("rejected", snapshot.note or "A human rejected this call; it was not run.")
-            checkpoint = await self.run_calls(checkpoint, [PlannedCall(call, error=rejection)])
-        await maybe_await(source.save(snapshot.model_copy(update={"applied_at": utc_now()})))
-        if snapshot.remaining_tool_calls is None:
-            # A snapshot from before `remaining_tool_calls` existed: the calls after the paused one
-            # do not run, but each gets a result so the transcript stays valid (reference: compatibility).
-            skipped = [
-                PlannedCall(
-                    c, error=tool_error("not run", "This call came after one that needed approval and was not run.")
-                )
-                for c in checkpoint.pending_tool_calls()
-            ]
-            checkpoint = await self.run_calls(checkpoint, skipped)
-        return checkpoint

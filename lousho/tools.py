@@ -43,6 +43,8 @@ class Tool(Generic[ArgsT]):
     input: type[ArgsT]
     execute: ToolFn
     needs_approval: bool | ApprovalFn = False
+    sub_agent: Any = None
+    """Set by `agent_tool()`: the `Agent` this tool runs (its pauses pause the caller's run)."""
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as sent to the model."""
