@@ -14,6 +14,7 @@ from lousho import (
     ConfigurationError,
     Message,
     PropagatingToolError,
+    RunResult,
     ToolContext,
     define_tool,
     get_checkpoint_history,
@@ -582,5 +583,7 @@ async def test_compare_takes_checkpoints_results_and_transcripts(agent: Agent, s
     assert from_messages.diverged_at == 1
     assert from_checkpoints.diverged_at is None
     assert from_checkpoints.drift.finish_reason == ("stop", "in-progress")
+    from_results = compare_trajectories(RunResult.of(original, "stop"), RunResult.of(replayed, "max-steps"))
+    assert from_results.diverged_at == 1 and from_results.drift.finish_reason == ("stop", "max-steps")
     with pytest.raises(ConfigurationError, match="takes a Checkpoint"):
         compare_trajectories(original, 42)  # type: ignore[arg-type]
