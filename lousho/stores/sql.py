@@ -138,21 +138,18 @@ class _Database:
         self._ready_lock = threading.Lock()
 
     def _create_engine(self, kwargs: dict[str, Any]) -> Engine:
+        backend = self.url.get_backend_name()
+        if backend not in ("sqlite", "postgresql"):
+            raise ConfigurationError(f"SqlStore supports SQLite and PostgreSQL, not {backend} ({self.label})")
         kwargs.setdefault("pool_pre_ping", True)
-        if self.url.get_backend_name() == "postgresql":
+        if backend == "postgresql":
             kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
         try:
             engine = sa.create_engine(self.url, **kwargs)
         except (ImportError, exc.NoSuchModuleError) as error:
-            raise ConfigurationError(
-                f"cannot use {self.label}: {error}; for PostgreSQL install lousho[postgres] (psycopg)"
-            ) from None
-        if engine.dialect.name == "sqlite":
+            raise ConfigurationError(f"cannot use {self.label}: {error}; install lousho[postgres] (psycopg)") from None
+        if backend == "sqlite":
             _sqlite_listeners(engine)
-        elif engine.dialect.name != "postgresql":
-            raise ConfigurationError(
-                f"SqlStore supports SQLite and PostgreSQL, not {engine.dialect.name} ({self.label})"
-            )
         return engine
 
     @contextmanager
@@ -168,7 +165,7 @@ class _Database:
             if self.url.password:
                 detail = detail.replace(str(self.url.password), "***")
             raise StoreUnavailableError(
-                f"the database {self.label} cannot be used: {detail}; check that it is running and reachable"
+                f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
             ) from error
 
     def ensure_tables(self) -> None:
