@@ -1,6 +1,7 @@
 """lousho: durable LLM agent runs, in process or on a Celery fleet."""
 
 from lousho.abort import AbortSignal
+from lousho.agent import AgentSession, DurableAgent, EventStream, create_agent
 from lousho.approvals import ApprovalDecision, ApprovalSnapshot, ApprovalStore
 from lousho.checkpoint import Checkpoint, CheckpointStore, HistoryEntry, get_checkpoint_history
 from lousho.definition import Agent
@@ -18,6 +19,7 @@ from lousho.errors import (
     ResumeToolMissingError,
     SDKError,
     SessionAwaitingApprovalError,
+    SessionExistsError,
     StoreUnavailableError,
 )
 from lousho.events import Event
@@ -27,11 +29,32 @@ from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
 from lousho.run import AgentDriftWarning, RunResult
 from lousho.stores.memory import memory_store
+from lousho.subagents import agent_tool
 from lousho.tools import Tool, ToolContext, define_tool
+from lousho.trajectory import (
+    ForkPatch,
+    ForkResult,
+    TrajectoryComparison,
+    TrajectoryDrift,
+    TrajectoryStep,
+    compare_trajectories,
+)
 
 __all__ = [
     "AbortSignal",
     "Agent",
+    "AgentSession",
+    "DurableAgent",
+    "EventStream",
+    "ForkPatch",
+    "ForkResult",
+    "SessionExistsError",
+    "TrajectoryComparison",
+    "TrajectoryDrift",
+    "TrajectoryStep",
+    "agent_tool",
+    "compare_trajectories",
+    "create_agent",
     "AgentDriftError",
     "AgentDriftWarning",
     "AgentExecutor",

@@ -22,6 +22,7 @@ __all__ = [
     "ResumeToolMissingError",
     "SDKError",
     "SessionAwaitingApprovalError",
+    "SessionExistsError",
     "StoreUnavailableError",
 ]
 
@@ -65,6 +66,12 @@ class SessionAwaitingApprovalError(SDKError):
         )
         self.session_id = session_id
         self.approval_id = approval_id
+
+
+class SessionExistsError(ConfigurationError):
+    """A new session id (a fork's `new_session_id`) that already has a checkpoint: never overwritten."""
+
+    code = "LOUSHO_SESSION_EXISTS"
 
 
 class CheckpointNotFoundError(SDKError):

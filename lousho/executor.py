@@ -24,6 +24,8 @@ from lousho.messages import Message, as_messages
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, Run, RunResult
 from lousho.tools import Tool
+from lousho.trajectory import ForkPatch, ForkResult
+from lousho.trajectory import fork as _fork
 
 __all__ = ["AgentExecutor", "InvalidDecisionError", "ResumeOptions", "resume_after_approval"]
 
@@ -116,6 +118,24 @@ class AgentExecutor:
         if business_state is not None:
             checkpoint = checkpoint.model_copy(update={"business_state": business_state})
         return await run.run(checkpoint)
+
+    @staticmethod
+    async def fork(
+        *,
+        session_id: str,
+        from_step: int,
+        checkpoint_store: CheckpointStore,
+        patch: ForkPatch | dict[str, Any] | None = None,
+        new_session_id: str | None = None,
+    ) -> ForkResult:
+        """Start a new session from a step of another session's history (reference: 'Fork and replay')."""
+        return await _fork(
+            session_id=session_id,
+            from_step=from_step,
+            checkpoint_store=checkpoint_store,
+            patch=patch,
+            new_session_id=new_session_id,
+        )
 
 
 async def _continue_decided_approval(run: Run, stored: Checkpoint, approval_store: ApprovalStore | None) -> RunResult:

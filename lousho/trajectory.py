@@ -21,7 +21,7 @@ from lousho.checkpoint import (
     maybe_await,
     validate_session_id,
 )
-from lousho.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigurationError
+from lousho.errors import CheckpointConflictError, CheckpointNotFoundError, ConfigurationError, SessionExistsError
 from lousho.messages import Message, ToolCall, as_messages
 
 if TYPE_CHECKING:
@@ -46,12 +46,6 @@ PATCH_KEYS = ("messages", "business_state", "tool_result", "append_input")
 """The patch keys, in the order they are applied."""
 _FORK_SUFFIX = ".fork-"
 _MAX_DEFAULT_FORKS = 10_000
-
-
-class SessionExistsError(ConfigurationError):
-    """A fork's `new_session_id` that already has a checkpoint: a fork never overwrites a session."""
-
-    code = "LOUSHO_SESSION_EXISTS"
 
 
 class ToolResultPatch(TypedDict):
