@@ -233,8 +233,9 @@ class SqlCheckpointStore:
                         raise CheckpointConflictError(session_id, previous, found)
                     conn.execute(table.insert().values(session_id=session_id, **values))
                 self._push_history(conn, session_id, checkpoint, raw, now)
-        except exc.IntegrityError:
-            raise CheckpointConflictError(session_id, previous, self._stored_version(session_id)) from None
+        except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
+            with self._db.read() as conn:
+                raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None
 
     def _push_history(self, conn: Connection, session_id: str, checkpoint: Checkpoint, raw: str, now: datetime) -> None:
         if self.history_limit <= 0:
@@ -257,10 +258,6 @@ class SqlCheckpointStore:
         table = self._db.checkpoints
         found = conn.execute(sa.select(table.c.version).where(table.c.session_id == session_id)).scalar()
         return None if found is None else int(found)
-
-    def _stored_version(self, session_id: str) -> int | None:
-        with self._db.read() as conn:
-            return self._version(conn, session_id)
 
     def load(self, session_id: str) -> Checkpoint | None:
         raw = self.get_raw(session_id)
@@ -317,12 +314,10 @@ class SqlCheckpointStore:
     def put_raw(self, session_id: str, raw: str) -> None:
         """Store `raw` as the latest checkpoint without checking it (tests of old, corrupt and foreign records)."""
         try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        fields = parsed if isinstance(parsed, dict) else {}
-        version = fields.get("version") if isinstance(fields.get("version"), int) else 0
-        status = fields.get("status") if isinstance(fields.get("status"), str) else "in-progress"
+            fields = json.loads(raw)
+            version, status = int(fields.get("version", 0)), str(fields.get("status", "in-progress"))
+        except (ValueError, TypeError, AttributeError):
+            version, status = 0, "in-progress"
         values = {"session_id": session_id, "version": version, "status": status, "updated_at": _now(), "data": raw}
         with self._db.write() as conn:
             conn.execute(self._db.upsert(self._db.checkpoints, "session_id", values))
@@ -346,40 +341,35 @@ class SqlApprovalStore:
             conn.execute(self._db.upsert(self._db.approvals, "id", values))
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
-        table = self._db.approvals
         with self._db.read() as conn:
-            found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
+            return self._load(conn, approval_id)
+
+    def _load(self, conn: Connection, approval_id: str) -> ApprovalSnapshot | None:
+        table = self._db.approvals
+        found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
         return None if found is None else _decode_snapshot(approval_id, found)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         table = self._db.approvals
         with self._db.write() as conn:
-            found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
-            if found is None:
-                raise ApprovalNotFoundError(
-                    f"no approval {approval_id!r} in {self._db.label}; check the id and the store"
-                )
-            snapshot = _decode_snapshot(approval_id, found)
+            snapshot = self._load(conn, approval_id)
+            if snapshot is None:
+                raise ApprovalNotFoundError(f"no approval {approval_id!r} in {self._db.label}; check the id and store")
             if snapshot.status != "pending":
                 raise _already_resolved(snapshot)
             status = "approved" if approved else "rejected"
             decided = snapshot.model_copy(update={"status": status, "note": note, "decided_at": utc_now()})
             pending = sa.and_(table.c.id == approval_id, table.c.status == "pending")
             updated = conn.execute(table.update().where(pending).values(status=status, data=decided.model_dump_json()))
-            if updated.rowcount != 1:
-                raise _already_resolved(self._reload(conn, approval_id) or snapshot)
+            if updated.rowcount != 1:  # PostgreSQL: another transaction decided it after our read
+                raise _already_resolved(self._load(conn, approval_id) or snapshot)
         return decided
-
-    def _reload(self, conn: Connection, approval_id: str) -> ApprovalSnapshot | None:
-        table = self._db.approvals
-        found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
-        return None if found is None else _decode_snapshot(approval_id, found)
 
     def reopen(self, approval_id: str) -> None:
         """Put a decided approval back to pending; an unknown id is left alone."""
         table = self._db.approvals
         with self._db.write() as conn:
-            snapshot = self._reload(conn, approval_id)
+            snapshot = self._load(conn, approval_id)
             if snapshot is not None:
                 reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
                 values = {"status": "pending", "data": reopened.model_dump_json()}
