@@ -125,8 +125,9 @@ def redis_errors(client: Any, action: str) -> Iterator[None]:
         kind = "unreachable" if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) else "refused the call"
         raise StoreUnavailableError(
             f"Redis at {describe(client)} {kind} while trying to {action}: {type(exc).__name__}: "
-            f"{_scrub(str(exc), client)}. Check that it runs and accepts this client (address, password, "
-            "maxmemory, not a read-only replica); nothing was half-written"
+            f"{_scrub(str(exc), client).rstrip('. ')}. Check that it runs and accepts this client (address, "
+            "password, maxmemory, not a read-only replica). Nothing is ever half-written: a save that failed "
+            "here was applied whole or not at all (load the session to see which)"
         ) from exc
 
 

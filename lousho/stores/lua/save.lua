@@ -97,6 +97,15 @@ if head then
   stored = meta
 end
 if stored.v == new_version and stored.w == wid then return {'done'} end
+local list_length = redis.call('LLEN', msgs)
+for _, seg in ipairs(stored.s) do
+  if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
+    return {'corrupt', 'its store header is damaged'}
+  end
+  if seg[1] + seg[2] > list_length then
+    return {'corrupt', 'its messages list is shorter than its head says (deleted or expired?)'}
+  end
+end
 if stored.v ~= new_version - 1 then
   if head then return {'conflict', stored.v} end
   return {'conflict', -1}
@@ -115,7 +124,7 @@ if not segs then return {'resync'} end
 -- Writes.
 local count = #ARGV - first_new + 1
 if count > 0 then
-  local base = redis.call('LLEN', msgs)
+  local base = list_length
   for i = first_new, #ARGV, 1000 do
     redis.call('RPUSH', msgs, unpack(ARGV, i, math.min(i + 999, #ARGV)))
   end

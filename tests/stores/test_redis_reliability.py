@@ -1,0 +1,246 @@
+"""RedisStore under failure: all-or-nothing saves, races, killed connections, NOSCRIPT, restarts, a dead Redis.
+
+Tests that disturb a whole server (SCRIPT FLUSH, CLIENT KILL, CONFIG SET, restarts) run on a
+private redis-server, never on a shared REDIS_URL.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from lousho.checkpoint import Checkpoint
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, StoreUnavailableError
+from lousho.messages import Message
+from lousho.stores.redis import RedisStore
+from lousho.testing.redis_server import RedisServer
+from lousho.testing.store_contract import race, sample_checkpoint, sample_snapshot
+from tests.stores.test_redis_store import grow, run_steps
+
+MakeStore = Callable[..., RedisStore]
+
+
+def snapshot_of(client: redis.Redis, store: RedisStore, session: str) -> dict[bytes, object]:
+    """Every byte of a session's keys plus its in-flight entry: what 'nothing changed' compares."""
+    keys = sorted(client.scan_iter(match=f"{store.prefix}{{{session}}}*"))
+    state: dict[bytes, object] = {k: client.dump(k) for k in keys}
+    state[b"inflight"] = client.zscore(store.keys.inflight, session)
+    return state
+
+
+def test_a_stale_save_changes_nothing(redis_store: RedisStore, redis_client: redis.Redis) -> None:
+    saved = run_steps(redis_store, "stale", 3)
+    before = snapshot_of(redis_client, redis_store, "stale")
+    for version in (1, 3, 5):
+        stale = saved[1].model_copy(update={"version": version, "messages": [*saved[1].messages, Message.user("!")]})
+        with pytest.raises(CheckpointConflictError) as caught:
+            redis_store.checkpoints.save("stale", stale)
+        assert (caught.value.expected, caught.value.found) == (version - 1, 3)
+    assert snapshot_of(redis_client, redis_store, "stale") == before
+
+
+def test_a_save_that_fails_midway_writes_nothing(redis_store: RedisStore, redis_client: redis.Redis) -> None:
+    """The script would fail at LPUSH (a key of the wrong type) after its RPUSH; it checks first instead,
+    because Redis does not roll back a script that errors."""
+    saved = run_steps(redis_store, "midway", 3)
+    redis_client.delete(redis_store.keys.history("midway"))
+    redis_client.set(redis_store.keys.history("midway"), "not a list")
+    before = snapshot_of(redis_client, redis_store, "midway")
+    with pytest.raises(CorruptCheckpointError, match="holds a string, not a list"):
+        redis_store.checkpoints.save("midway", grow(saved[-1], Message.user("new message")))
+    assert snapshot_of(redis_client, redis_store, "midway") == before
+
+
+def test_a_save_refused_for_memory_writes_nothing(private_redis_server: RedisServer) -> None:
+    client = private_redis_server.client()
+    store = RedisStore(client)
+    saved = run_steps(store, "oom", 3)
+    before = snapshot_of(client, store, "oom")
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(StoreUnavailableError, match="OOM"):
+            store.checkpoints.save("oom", grow(saved[-1], Message.user("x" * 10_000)))
+    finally:
+        client.config_set("maxmemory", 0)
+    assert snapshot_of(client, store, "oom") == before
+    store.checkpoints.save("oom", grow(saved[-1], Message.user("x" * 10_000)))
+    client.close()
+
+
+@pytest.mark.parametrize("separate_stores", [False, True])
+def test_two_writers_of_one_version_exactly_one_wins(make_redis_store: MakeStore, separate_stores: bool) -> None:
+    stores = [make_redis_store(), make_redis_store()] if separate_stores else [make_redis_store()] * 2
+    base = run_steps(stores[0], "duel", 1)[0]
+    for store in stores:
+        store.checkpoints.load("duel")  # both caches warm: both take the incremental path
+    for _ in range(30):
+        candidates = [grow(base, Message.assistant(f"writer {i}")) for i in range(2)]
+        results = race(2, lambda i, c=candidates: stores[i].checkpoints.save("duel", c[i]))  # type: ignore[misc]
+        winners = [i for i, r in enumerate(results) if r is None]
+        assert len(winners) == 1 and isinstance(results[1 - winners[0]], CheckpointConflictError), results
+        base = candidates[winners[0]]
+        assert stores[1 - winners[0]].checkpoints.load("duel") == base
+    assert stores[0].client.llen(stores[0].keys.messages("duel")) == len(base.messages)
+
+
+def test_a_save_retried_after_a_lost_reply_is_recognised(redis_store: RedisStore) -> None:
+    """redis-py retries a call whose connection broke; the save may have run. Same writer id: 'done', not a conflict."""
+    cps = redis_store.checkpoints
+    checkpoint = sample_checkpoint("retry")
+    body = checkpoint.model_dump_json(exclude={"messages"})
+    assert cps._run_save("retry", checkpoint, body, "writer-1", "", 0)[0] == "ok"
+    assert cps._run_save("retry", checkpoint, body, "writer-1", "", 0) == ["done"]
+    assert cps._run_save("retry", checkpoint, body, "writer-2", "", 0) == ["conflict", 1]
+    assert cps.load("retry") == checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("retries", [0, 3])
+def test_killing_the_connection_mid_save_leaves_old_or_new_state(
+    private_redis_server: RedisServer, retries: int
+) -> None:
+    server = private_redis_server
+    saver = server.client(client_name="saver", retry=Retry(NoBackoff(), retries))
+    admin, checker = server.client(), RedisStore(server.client(), history_limit=1000)
+    store = RedisStore(saver, history_limit=1000)
+    stop, kills = threading.Event(), [0]
+
+    def killer() -> None:
+        while not stop.is_set():
+            for client in admin.client_list():
+                if client.get("name") == "saver":
+                    kills[0] += admin.client_kill_filter(_id=client["id"])
+            time.sleep(0.0003)
+
+    thread = threading.Thread(target=killer)
+    thread.start()
+    current: Checkpoint | None = None
+    errors = applied = 0
+    try:
+        for step in range(200):
+            first = Checkpoint(session_id="kill", version=1, messages=[Message.user("go")])
+            attempt = first if current is None else grow(current, Message.assistant(f"{step}" + "y" * 100_000))
+            try:
+                store.checkpoints.save("kill", attempt)
+                current = attempt
+            except StoreUnavailableError:
+                errors += 1
+                stored = checker.checkpoints.load("kill")
+                assert stored in (current, attempt), "a killed save left a state that is neither old nor new"
+                applied += stored == attempt
+                current = stored
+            if current is not None:  # cheap checks each step; the whole transcript at the end
+                head = json.loads(checker.client.get(checker.keys.head("kill")) or "{}")
+                assert head["version"] == current.version
+                assert checker.client.llen(checker.keys.messages("kill")) == len(current.messages), (
+                    "a message was doubled"
+                )
+                assert checker.client.llen(checker.keys.history("kill")) == current.version, (
+                    "a history entry was doubled"
+                )
+        assert checker.checkpoints.load("kill") == current
+        assert [e.checkpoint.version for e in checker.checkpoints.history("kill")] == list(
+            range(current.version, 0, -1)
+        )
+    finally:
+        stop.set()
+        thread.join()
+        for client in (saver, admin, checker.client):
+            client.close()
+    print(f"kills={kills[0]} errors={errors} applied-but-reply-lost={applied} version={current and current.version}")
+    assert kills[0] > 10, kills
+    assert current is not None and current.version > 10
+    if retries == 0:
+        assert errors > 0, "no save was interrupted; the test proved nothing"
+
+
+def test_saves_work_after_script_flush(private_redis_server: RedisServer) -> None:
+    client = private_redis_server.client()
+    store = RedisStore(client)
+    saved = run_steps(store, "noscript", 2)
+    client.script_flush()
+    assert client.script_exists(store.checkpoints._save.sha) == [False]
+    latest = grow(saved[-1], Message.user("after flush"))
+    store.checkpoints.save("noscript", latest)
+    client.script_flush()
+    assert RedisStore(client).checkpoints.load("noscript") == latest
+    client.script_flush()
+    assert [e.checkpoint for e in store.checkpoints.history("noscript")] == [latest, *saved[::-1]]
+    client.close()
+
+
+def test_a_redis_restart_loses_no_saved_checkpoint_and_saves_resume() -> None:
+    """Killed with SIGKILL and restarted on its AOF: the script cache is empty, the data is back."""
+    with RedisServer(appendonly=True, appendfsync="always") as server:
+        store = RedisStore(server.url)
+        saved = run_steps(store, "restart", 3)
+        server.restart(kill=True)
+        assert store.checkpoints.load("restart") == saved[-1]
+        latest = grow(saved[-1], Message.user("after restart"))
+        store.checkpoints.save("restart", latest)
+        assert [e.checkpoint for e in store.checkpoints.history("restart")] == [latest, *saved[::-1]]
+        server.stop(keep_data=True)
+        with pytest.raises(StoreUnavailableError, match="unix socket"):
+            store.checkpoints.save("restart", grow(latest, Message.user("while down")))
+        server.start()
+        assert store.checkpoints.load("restart") == latest
+        store.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix"])
+def test_unreachable_redis_is_store_unavailable_naming_it_without_the_password(kind: str) -> None:
+    port = _free_port()
+    url, where = {
+        "tcp": (f"redis://admin:s3cr3t-pw@127.0.0.1:{port}/2", f"127.0.0.1:{port}"),
+        "unix": (
+            "unix://admin:s3cr3t-pw@/tmp/lousho-no-such-dir/redis.sock?db=1",
+            "/tmp/lousho-no-such-dir/redis.sock",
+        ),
+    }[kind]
+    store = RedisStore(url, socket_connect_timeout=1)
+    calls: list[Callable[[], object]] = [
+        lambda: store.checkpoints.save("s", sample_checkpoint("s")),
+        lambda: store.checkpoints.load("s"),
+        lambda: store.checkpoints.history("s"),
+        lambda: store.checkpoints.delete("s"),
+        lambda: store.checkpoints.sessions(),
+        lambda: store.checkpoints.inflight(),
+        lambda: store.approvals.save(sample_snapshot("a")),
+        lambda: store.approvals.load("a"),
+        lambda: store.approvals.decide("a", True, None),
+        lambda: store.approvals.pending(),
+    ]
+    started = time.monotonic()
+    for call in calls:
+        with pytest.raises(StoreUnavailableError) as caught:
+            call()
+        message = str(caught.value)
+        assert where in message and caught.value.code == "LOUSHO_STORE_UNAVAILABLE"
+        assert "s3cr3t" not in message and "s3cr3t" not in repr(caught.value.__cause__)
+    assert time.monotonic() - started < 10
+    store.close()
+
+
+def test_concurrent_decisions_across_processes_exactly_one_wins(make_redis_store: MakeStore) -> None:
+    stores = [make_redis_store() for _ in range(6)]
+    stores[0].approvals.save(sample_snapshot("appr_fleet"))
+    results = race(6, lambda i: stores[i].approvals.decide("appr_fleet", i % 2 == 0, f"web {i}"))
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1, results
+    assert stores[5].approvals.load("appr_fleet") == winners[0]
+    assert stores[3].approvals.pending() == []
