@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -10,9 +14,12 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+import lousho
 from lousho.errors import StoreUnavailableError
 from lousho.stores.sql import SqliteStore, SqlStore
 from lousho.testing.store_contract import sample_checkpoint
+
+REPO = Path(lousho.__file__).resolve().parent.parent
 
 OLD_CHECKPOINTS_TABLE = """
 CREATE TABLE {prefix}lousho_checkpoints (
@@ -152,3 +159,45 @@ def test_sqlite_file_that_cannot_be_opened_raises_store_unavailable(tmp_path: Pa
     (tmp_path / "file").write_text("not a folder")
     with pytest.raises(StoreUnavailableError, match="cannot create the folder"):
         SqliteStore(tmp_path / "file" / "jobs.db")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from lousho.errors import CheckpointConflictError
+    from lousho.stores.sql import SqliteStore
+    from lousho.testing.store_contract import sample_checkpoint
+
+    store, name, wins = SqliteStore(sys.argv[1]), sys.argv[2], 0
+    for version in range(1, 151):
+        try:
+            store.checkpoints.save("s-shared", sample_checkpoint("s-shared", version=version, business_state=name))
+            wins += 1
+        except CheckpointConflictError:
+            pass
+    store.close()
+    print(wins)
+    """
+)
+
+
+def test_processes_sharing_one_sqlite_file_never_both_win_a_version(tmp_path: Path) -> None:
+    """Each process tries versions 1..150 in turn from a fresh file: every version is won exactly once."""
+    script, db = tmp_path / "writer.py", tmp_path / "shared" / "jobs.db"
+    script.write_text(WRITER)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(db), name], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
+        for name in ("a", "b", "c")
+    ]
+    outputs = [proc.communicate(timeout=100) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0, 0], [err.decode()[-2000:] for _, err in outputs]
+    assert sum(int(out) for out, _ in outputs) == 150
+    store = SqliteStore(db)
+    try:
+        assert store.checkpoints.load("s-shared").version == 150  # type: ignore[union-attr]
+        assert [e.checkpoint.version for e in store.checkpoints.history("s-shared", limit=3)] == [150, 149, 148]
+    finally:
+        store.close()
