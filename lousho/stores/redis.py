@@ -23,10 +23,10 @@ import redis
 
 from lousho.errors import ConfigurationError
 from lousho.stores.redis_approvals import RedisApprovalStore
-from lousho.stores.redis_checkpoints import RedisCheckpointStore
+from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
 
-__all__ = ["RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore"]
+__all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore"]
 
 
 class RedisStore:

@@ -28,7 +28,6 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from collections import OrderedDict
@@ -38,16 +37,32 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
-from pydantic import ValidationError
 
-from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint, validate_session_id
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, SDKError
 from lousho.messages import Message
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
+from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 
-__all__ = ["RedisCheckpointStore"]
+__all__ = ["LeaseLostError", "RedisCheckpointStore"]
 
-_HEADER = "$store"
+
+class LeaseLostError(CheckpointConflictError):
+    """A fenced save whose writer no longer holds the session's lease: it must stand down.
+
+    A `CheckpointConflictError` (same code), so code that handles a stale save handles this too.
+    """
+
+    def __init__(self, session_id: str, lease_key: str, expected: int) -> None:
+        SDKError.__init__(
+            self,
+            f"session {session_id!r} is no longer leased to this writer ({lease_key} holds another token or "
+            "expired); the save was refused and nothing was written. Stand down: another worker owns it now",
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.found = None
+        self.lease_key = lease_key
 
 
 @dataclass(frozen=True)
@@ -125,24 +140,38 @@ class RedisCheckpointStore:
 
     # -- save ------------------------------------------------------------------------------
 
-    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        """Compare-and-set `checkpoint` as the session's latest (version must be stored + 1)."""
+    def save(self, session_id: str, checkpoint: Checkpoint, *, fence: tuple[str, str] | None = None) -> None:
+        """Compare-and-set `checkpoint` as the session's latest (version must be stored + 1).
+
+        `fence=(lease_key, token)`: the save also requires that key to hold that token, checked in
+        the same script, so a worker whose lease expired and was taken over writes nothing
+        (`LeaseLostError`). The lease key must be one of the session's keys (`keys.session_key`).
+        """
         validate_session_id(session_id)
+        if fence is not None and not fence[0].startswith(self.keys.session_key(session_id, "")):
+            raise ValueError(f"fence key {fence[0]!r} is not a key of session {session_id!r}")
         body = checkpoint.model_dump_json(exclude={"messages"})
         writer_id = uuid.uuid4().hex
         known = self._cache.get(session_id)
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
                 keep = _common_prefix(known.messages, checkpoint.messages)
-                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer_id, keep)
+                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer_id, keep, fence)
                 if reply[0] == "resync":
-                    reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0)
+                    reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0, fence)
             else:
-                reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0)
-        self._settle(session_id, checkpoint, writer_id, reply)
+                reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0, fence)
+        self._settle(session_id, checkpoint, writer_id, reply, fence)
 
     def _run_save(
-        self, session_id: str, checkpoint: Checkpoint, body: str, writer_id: str, expected: str, keep: int
+        self,
+        session_id: str,
+        checkpoint: Checkpoint,
+        body: str,
+        writer_id: str,
+        expected: str,
+        keep: int,
+        fence: tuple[str, str] | None = None,
     ) -> list[Any]:
         """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
         new = checkpoint.messages[keep:] if expected else checkpoint.messages
@@ -156,9 +185,10 @@ class RedisCheckpointStore:
             self.ttl_ms,
             self._deadline_for(checkpoint),
             session_id,
+            fence[1] if fence else "",
             *(message.model_dump_json() for message in new),
         ]
-        keys = [*self.keys.session_keys(session_id), self.keys.inflight]
+        keys = [*self.keys.session_keys(session_id), self.keys.inflight, *([fence[0]] if fence else [])]
         reply = self._save(keys=keys, args=args)
         return [text(part) if isinstance(part, bytes) else part for part in reply]
 
@@ -168,13 +198,17 @@ class RedisCheckpointStore:
             return -1
         return self.inflight_deadline_ms if checkpoint.status == "in-progress" else 0
 
-    def _settle(self, session_id: str, checkpoint: Checkpoint, writer_id: str, reply: list[Any]) -> None:
+    def _settle(
+        self, session_id: str, checkpoint: Checkpoint, writer_id: str, reply: list[Any], fence: tuple[str, str] | None
+    ) -> None:
         """Turn the script's reply into the cache update or the typed error."""
         outcome = reply[0]
         if outcome in ("ok", "done"):
             self._cache.put(session_id, _Known(checkpoint.version, writer_id, tuple(checkpoint.messages)))
             return
         self._cache.drop(session_id)
+        if outcome == "fenced" and fence is not None:
+            raise LeaseLostError(session_id, fence[0], checkpoint.version - 1)
         if outcome == "conflict":
             found = int(reply[1])
             raise CheckpointConflictError(session_id, checkpoint.version - 1, None if found < 0 else found)
@@ -194,9 +228,9 @@ class RedisCheckpointStore:
             return None
         if kind == "corrupt":
             raise CorruptCheckpointError(session_id, text(reply[1]))
-        messages = _parse_messages(session_id, reply[2:])
-        checkpoint, meta = _decode_record(
-            session_id, reply[1], lambda segments: _expect(session_id, segments, messages)
+        messages = parse_messages(session_id, reply[2:])
+        checkpoint, meta = decode_record(
+            session_id, reply[1], lambda segments: check_count(session_id, segments, messages)
         )
         if meta is not None:
             self._cache.put(session_id, _Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
@@ -217,10 +251,10 @@ class RedisCheckpointStore:
         if text(reply[0]) == "corrupt":
             raise CorruptCheckpointError(session_id, text(reply[1]))
         count = int(reply[1])
-        entries, pool = reply[2 : 2 + count], _MessagePool(session_id, reply[2 + count :])
+        entries, pool = reply[2 : 2 + count], MessagePool(session_id, reply[2 + count :])
         result = []
         for raw in entries:
-            checkpoint, meta = _decode_record(session_id, raw, pool.take)
+            checkpoint, meta = decode_record(session_id, raw, pool.take)
             saved_at = datetime.fromtimestamp(int(meta["t"]) / 1000, UTC).isoformat() if meta else ""
             result.append(
                 HistoryEntry(
@@ -254,7 +288,7 @@ class RedisCheckpointStore:
             if status is None:
                 return sorted(found)
             heads: list[Any] = cast(list[Any], self.client.mget(list(found.values()))) if found else []
-        return sorted(s for s, raw in zip(found, heads, strict=True) if raw is not None and _status_of(raw) == status)
+        return sorted(s for s, raw in zip(found, heads, strict=True) if raw is not None and status_of(raw) == status)
 
     def inflight(self, due_before_ms: int | None = None, limit: int | None = None) -> list[tuple[str, int]]:
         """(session, deadline ms) of in-flight sessions whose deadline is before `due_before_ms`
@@ -296,81 +330,3 @@ class RedisCheckpointStore:
         with redis_errors(self.client, f"write a raw head for {session_id!r}"):
             self.client.set(self.keys.head(session_id), raw)
         self._cache.drop(session_id)
-
-
-class _MessagePool:
-    """The session's messages list, parsed lazily and once, shared by every history entry."""
-
-    def __init__(self, session_id: str, raws: Sequence[bytes | str]) -> None:
-        self._session_id = session_id
-        self._raws = raws
-        self._parsed: dict[int, Message] = {}
-
-    def take(self, segments: list[list[int]]) -> list[Message]:
-        out = []
-        for start, count in segments:
-            if start < 0 or start + count > len(self._raws):
-                raise CorruptCheckpointError(self._session_id, "a history entry names messages the list no longer has")
-            for index in range(start, start + count):
-                message = self._parsed.get(index)
-                if message is None:
-                    message = self._parsed[index] = _parse_messages(self._session_id, [self._raws[index]])[0]
-                out.append(message)
-        return out
-
-
-def _parse_messages(session_id: str, raws: Sequence[bytes | str]) -> list[Message]:
-    try:
-        return [Message.model_validate_json(raw) for raw in raws]
-    except ValidationError as exc:
-        raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
-
-
-def _expect(session_id: str, segments: list[list[int]], messages: list[Message]) -> list[Message]:
-    """The load script already sliced the segments; check that the list still held them all."""
-    if sum(count for _, count in segments) != len(messages):
-        raise CorruptCheckpointError(
-            session_id, "its messages list is shorter than its head says (deleted or expired?)"
-        )
-    return messages
-
-
-def _decode_record(session_id: str, raw: bytes | str, messages_for: Any) -> tuple[Checkpoint, dict[str, Any] | None]:
-    """A head or history entry as a checkpoint, plus its store header (None for a plain checkpoint JSON).
-
-    `messages_for(segments)` supplies the transcript the header names; a plain JSON keeps its own.
-    """
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return decode_checkpoint(session_id, raw), None  # raises, saying "not JSON"
-    meta = data.pop(_HEADER, None) if isinstance(data, dict) else None
-    if meta is None:
-        return decode_checkpoint(session_id, data), None
-    if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > 1:
-        raise CorruptCheckpointError(
-            session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
-        )
-    if not _valid_header(meta):
-        raise CorruptCheckpointError(session_id, "its store header is damaged")
-    data["messages"] = messages_for(meta["s"])
-    return decode_checkpoint(session_id, data), meta
-
-
-def _valid_header(meta: Any) -> bool:
-    return (
-        isinstance(meta, dict)
-        and isinstance(meta.get("v"), int)
-        and isinstance(meta.get("w"), str)
-        and isinstance(meta.get("t"), int)
-        and isinstance(meta.get("s"), list)
-        and all(isinstance(s, list) and len(s) == 2 and all(isinstance(n, int) for n in s) for s in meta["s"])
-    )
-
-
-def _status_of(raw: bytes | str) -> str | None:
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return data.get("status", "in-progress") if isinstance(data, dict) else None

@@ -20,7 +20,7 @@ from redis.retry import Retry
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, StoreUnavailableError
 from lousho.messages import Message
-from lousho.stores.redis import RedisStore
+from lousho.stores.redis import LeaseLostError, RedisStore
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import race, sample_checkpoint, sample_snapshot
 from tests.stores.test_redis_store import grow, run_steps
@@ -244,3 +244,27 @@ def test_concurrent_decisions_across_processes_exactly_one_wins(make_redis_store
     assert len(winners) == 1, results
     assert stores[5].approvals.load("appr_fleet") == winners[0]
     assert stores[3].approvals.pending() == []
+
+
+def test_a_fenced_save_needs_the_lease_it_names(redis_store: RedisStore, redis_client: redis.Redis) -> None:
+    cps, lease = redis_store.checkpoints, redis_store.keys.session_key("fenced", "lease")
+    redis_client.set(lease, "token-a")
+    first = sample_checkpoint("fenced", approval_id=None, status="in-progress")
+    cps.save("fenced", first, fence=(lease, "token-a"))
+
+    def stored() -> dict[bytes, object]:
+        return {k: v for k, v in snapshot_of(redis_client, redis_store, "fenced").items() if k != lease.encode()}
+
+    before = stored()
+    redis_client.set(lease, "token-b")  # the lease expired and another worker took it
+    for token_now in ("token-b", None):
+        if token_now is None:
+            redis_client.delete(lease)
+        with pytest.raises(LeaseLostError) as caught:
+            cps.save("fenced", grow(first, Message.user("late")), fence=(lease, "token-a"))
+        assert isinstance(caught.value, CheckpointConflictError) and lease in str(caught.value)
+        assert stored() == before
+    with pytest.raises(ValueError, match="not a key of session"):
+        cps.save("fenced", grow(first), fence=(redis_store.keys.session_key("other", "lease"), "t"))
+    redis_client.set(lease, "token-b")
+    cps.save("fenced", grow(first, Message.user("in time")), fence=(lease, "token-b"))

@@ -1,18 +1,20 @@
 -- Save one checkpoint of one session, all or nothing (RedisStore).
 --
--- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index
+-- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index, [5 the session's lease when fenced]
 -- ARGV: 1 new version, 2 writer id of the head the writer built on ('' = unknown: full write),
 --       3 keep: messages of that head's transcript the new one starts with (ignored on a full write),
 --       4 this save's writer id, 5 the checkpoint's JSON without its messages,
 --       6 history limit, 7 ttl ms (0 = none), 8 in-flight deadline ms (>0 add, 0 remove, -1 leave),
---       9 session id (the in-flight member), 10.. the messages to append
+--       9 session id (the in-flight member), 10 the lease token the writer holds ('' = not fenced),
+--       11.. the messages to append
 --
 -- Redis never rolls a script back: every check runs before the first write, so a
 -- script that refuses (stale version, damaged head, a key of the wrong type) has
 -- changed nothing.
 --
 -- Replies: {'ok', ms} | {'done'} (this very save was applied before: a client retry)
---          | {'conflict', stored version or -1} | {'resync'} | {'corrupt', problem}
+--          | {'conflict', stored version or -1} | {'fenced'} (the lease is not the writer's)
+--          | {'resync'} | {'corrupt', problem}
 if redis.replicate_commands then redis.replicate_commands() end
 
 local cp, msgs, hist, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -25,7 +27,8 @@ local history_limit = tonumber(ARGV[6])
 local ttl_ms = tonumber(ARGV[7])
 local deadline_ms = tonumber(ARGV[8])
 local session = ARGV[9]
-local FIRST = 10
+local fence_token = ARGV[10]
+local FIRST = 11
 
 local function wrong_type(key, want)
   local kind = redis.call('TYPE', key)['ok']
@@ -83,6 +86,7 @@ local function encode_segments(segs)
 end
 
 -- Checks: nothing is written above this line.
+if fence_token ~= '' and redis.call('GET', KEYS[5]) ~= fence_token then return {'fenced'} end
 local bad = wrong_type(cp, 'string') or wrong_type(msgs, 'list') or wrong_type(hist, 'list')
   or wrong_type(inflight, 'zset')
 if bad then return {'corrupt', bad} end

@@ -1,0 +1,103 @@
+"""How RedisStore's records read back: a head or history entry plus the messages it names.
+
+A record is the checkpoint's JSON without its messages, behind a store header
+`{"$store":{"f":1,"v":<version>,"w":<writer id>,"t":<ms>,"s":[[start,count],...]}, ...}`.
+A record without the header is a plain checkpoint JSON (written by hand or by an older
+layout) and carries its own messages. Anything else is reported, never repaired.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from lousho.checkpoint import Checkpoint, decode_checkpoint
+from lousho.errors import CorruptCheckpointError
+from lousho.messages import Message
+
+__all__ = ["MessagePool", "check_count", "decode_record", "parse_messages", "status_of"]
+
+HEADER = "$store"
+
+
+class MessagePool:
+    """The session's messages list, parsed lazily and once, shared by every history entry."""
+
+    def __init__(self, session_id: str, raws: Sequence[bytes | str]) -> None:
+        self._session_id = session_id
+        self._raws = raws
+        self._parsed: dict[int, Message] = {}
+
+    def take(self, segments: list[list[int]]) -> list[Message]:
+        out = []
+        for start, count in segments:
+            if start < 0 or start + count > len(self._raws):
+                raise CorruptCheckpointError(self._session_id, "a history entry names messages the list no longer has")
+            for index in range(start, start + count):
+                message = self._parsed.get(index)
+                if message is None:
+                    message = self._parsed[index] = parse_messages(self._session_id, [self._raws[index]])[0]
+                out.append(message)
+        return out
+
+
+def parse_messages(session_id: str, raws: Sequence[bytes | str]) -> list[Message]:
+    try:
+        return [Message.model_validate_json(raw) for raw in raws]
+    except ValidationError as exc:
+        raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
+
+
+def check_count(session_id: str, segments: list[list[int]], messages: list[Message]) -> list[Message]:
+    """The load script already sliced the segments; check that the list still held them all."""
+    if sum(count for _, count in segments) != len(messages):
+        raise CorruptCheckpointError(
+            session_id, "its messages list is shorter than its head says (deleted or expired?)"
+        )
+    return messages
+
+
+def decode_record(
+    session_id: str, raw: bytes | str, messages_for: Callable[[list[list[int]]], list[Message]]
+) -> tuple[Checkpoint, dict[str, Any] | None]:
+    """A head or history entry as a checkpoint, plus its store header (None for a plain checkpoint JSON).
+
+    `messages_for(segments)` supplies the transcript the header names; a plain JSON keeps its own.
+    """
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return decode_checkpoint(session_id, raw), None  # raises, saying "not JSON"
+    meta = data.pop(HEADER, None) if isinstance(data, dict) else None
+    if meta is None:
+        return decode_checkpoint(session_id, data), None
+    if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > 1:
+        raise CorruptCheckpointError(
+            session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
+        )
+    if not _valid_header(meta):
+        raise CorruptCheckpointError(session_id, "its store header is damaged")
+    data["messages"] = messages_for(meta["s"])
+    return decode_checkpoint(session_id, data), meta
+
+
+def _valid_header(meta: Any) -> bool:
+    return (
+        isinstance(meta, dict)
+        and isinstance(meta.get("v"), int)
+        and isinstance(meta.get("w"), str)
+        and isinstance(meta.get("t"), int)
+        and isinstance(meta.get("s"), list)
+        and all(isinstance(s, list) and len(s) == 2 and all(isinstance(n, int) for n in s) for s in meta["s"])
+    )
+
+
+def status_of(raw: bytes | str) -> str | None:
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data.get("status", "in-progress") if isinstance(data, dict) else None
