@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from lousho.definition import Agent
 from lousho.messages import Message, ToolCall
 from lousho.providers.scripted import ScriptedProvider
-from lousho.tools import ToolContext, define_tool
+from lousho.tools import Tool, ToolContext, define_tool
 
 __all__ = ["CRASH_ENV", "TRIP_REQUESTS", "trip_planner", "trip_provider"]
 
@@ -60,7 +60,7 @@ async def book_table(args: Booking, ctx: ToolContext) -> dict[str, Any]:
 
 
 def trip_planner() -> Agent:
-    tools = [
+    tools: list[Tool[Any]] = [
         define_tool(name="get_weather", description="Weather for a city", input=City, execute=get_weather),
         define_tool(name="find_restaurants", description="Restaurants in a city", input=City, execute=find_restaurants),
         define_tool(name="book_table", description="Book a table", input=Booking, execute=book_table, needs_approval=True),

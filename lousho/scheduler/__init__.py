@@ -1,0 +1,6 @@
+"""For web apps and operators: the `Client` (enqueue, status, approvals, abort) and the reaper."""
+
+from lousho.scheduler.client import Client, SessionStatus
+from lousho.scheduler.reaper import reap_once, run_reaper
+
+__all__ = ["Client", "SessionStatus", "reap_once", "run_reaper"]

@@ -1,0 +1,137 @@
+"""`Client`: what a web app uses to enqueue jobs and look at them, without the agents' code."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, cast
+
+from celery import Celery
+from pydantic import BaseModel
+
+from lousho.approvals import ApprovalSnapshot
+from lousho.checkpoint import Checkpoint, Status, validate_session_id
+from lousho.engine import ModelTurn, next_step
+from lousho.errors import SessionAwaitingApprovalError
+from lousho.inputs import add_input_to_unfinished, continue_finished
+from lousho.messages import as_messages
+from lousho.stores.redis import RedisStore
+from lousho.worker.config import FleetSettings, celery_config
+from lousho.worker.dispatch import send_advance, send_model_turn
+from lousho.worker.runtime import FleetKeys
+from lousho.worker.steps import turn_number
+
+__all__ = ["Client", "SessionStatus"]
+
+
+class SessionStatus(BaseModel):
+    """What `Client.status()` tells about a session."""
+
+    session_id: str
+    status: Status | Literal["parked", "unknown"]
+    agent_name: str | None = None
+    steps: int = 0
+    messages: int = 0
+    finish_reason: str | None = None
+    approval_id: str | None = None
+    text: str | None = None
+    """The last assistant message's text."""
+    parked_reason: str | None = None
+    aborted: bool = False
+
+
+class Client:
+    """Enqueue agent jobs on the fleet and follow them. Needs the broker and the store, not the agents."""
+
+    def __init__(self, *, broker: str, store: RedisStore, settings: FleetSettings | None = None) -> None:
+        self.store = store
+        self.keys = FleetKeys(store)
+        self.app = Celery("lousho-client", set_as_current=False)
+        self.app.conf.update(celery_config(broker, settings or FleetSettings()))
+
+    def enqueue(self, agent_name: str, input: Any, *, session_id: str | None = None, business_state: Any = None) -> str:
+        """Write the job's checkpoint (an accepted record for a new session) and wake the fleet.
+
+        The record is saved before the message is sent, so a lost message is recovered by the
+        reaper. On an existing session the input follows the reference's rules for `execute()`."""
+        session_id = validate_session_id(session_id or f"job-{uuid.uuid4().hex[:16]}")
+        messages = as_messages(input)
+        stored = self.store.checkpoints.load(session_id)
+        if stored is None:
+            checkpoint: Checkpoint | None = Checkpoint(
+                session_id=session_id, agent_name=agent_name, pending_input=messages, business_state=business_state
+            )
+        elif stored.status == "awaiting-approval":
+            raise SessionAwaitingApprovalError(session_id, stored.approval_id or "")
+        elif stored.status == "in-progress":
+            checkpoint = add_input_to_unfinished(stored, messages)
+        else:
+            checkpoint = continue_finished(stored, messages)
+        if checkpoint is None:
+            return session_id
+        self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
+        self._wake(session_id, checkpoint)
+        return session_id
+
+    def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
+        client = self.store.client
+        client.delete(self.keys.abort(session_id))
+        client.hdel(self.keys.parked, session_id)
+        if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
+            send_model_turn(self.app, session_id, turn_number(checkpoint))
+        else:
+            send_advance(self.app, session_id, "enqueue")
+
+    def status(self, session_id: str) -> SessionStatus:
+        checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
+        if checkpoint is None:
+            return SessionStatus(session_id=session_id, status="unknown")
+        parked = self.store.client.hget(self.keys.parked, session_id)
+        text = next((m.content for m in reversed(checkpoint.messages) if m.role == "assistant"), None)
+        return SessionStatus(
+            session_id=session_id,
+            status="parked" if parked else checkpoint.status,
+            agent_name=checkpoint.agent_name,
+            steps=checkpoint.step_index,
+            messages=len(checkpoint.messages),
+            finish_reason=checkpoint.finish_reason,
+            approval_id=checkpoint.approval_id,
+            text=text,
+            parked_reason=parked.decode() if isinstance(parked, bytes) else parked,
+            aborted=bool(self.store.client.exists(self.keys.abort(session_id))),
+        )
+
+    def checkpoint(self, session_id: str) -> Checkpoint | None:
+        return self.store.checkpoints.load(validate_session_id(session_id))
+
+    def resolve_approval(self, approval_id: str, *, approved: bool, note: str | None = None) -> ApprovalSnapshot:
+        """Record the decision (once: a second one raises) and let the fleet continue the run."""
+        snapshot = self.store.approvals.decide(approval_id, approved, note)
+        if snapshot.session_id is not None:
+            send_advance(self.app, snapshot.session_id, "approval")
+        return snapshot
+
+    def approvals(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
+        return self.store.approvals.pending(session_id)
+
+    def abort(self, session_id: str) -> None:
+        """Stop the run: running tools see their `ctx.signal`; unfinished calls get 'cancelled'.
+        The session stays 'in-progress' and idle until new input (`enqueue`) or `resume`."""
+        validate_session_id(session_id)
+        self.store.client.set(self.keys.abort(session_id), "1")
+        send_advance(self.app, session_id, "abort")
+
+    def resume(self, session_id: str) -> None:
+        """Continue a parked or aborted session by hand (its poison counters start over)."""
+        validate_session_id(session_id)
+        client = self.store.client
+        client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
+        client.hdel(self.keys.parked, session_id)
+        self.store.checkpoints.touch_inflight(session_id)
+        send_advance(self.app, session_id, "resume")
+
+    def sessions(self, status: str | None = None) -> list[str]:
+        """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked')."""
+        if status == "parked":
+            names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
+            return sorted(k.decode() if isinstance(k, bytes) else k for k in names)
+        return self.store.checkpoints.sessions(status)

@@ -1,0 +1,56 @@
+"""The reaper: requeue in-flight sessions whose worker went quiet.
+
+It works from the in-flight index (session -> deadline, pushed forward by every save
+and heartbeat) and the session leases, never from broker messages: a worker killed
+by the OOM killer, a lost message, an ack Celery sent for a dead child all look the
+same here, a deadline that passed with nobody holding the lease. Several reapers at
+once are harmless: a pass takes a short lock, and a requeue is idempotent.
+`now_ms` is a parameter so tests drive time instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from lousho.stores.redis import RedisStore
+from lousho.worker.config import FleetSettings
+from lousho.worker.dispatch import send_advance
+from lousho.worker.runtime import FleetKeys
+
+__all__ = ["reap_once", "run_reaper"]
+
+log = logging.getLogger("lousho.reaper")
+
+
+def reap_once(store: RedisStore, app: Any, settings: FleetSettings, now_ms: int | None = None, limit: int = 1000) -> list[str]:
+    """One pass: the sessions requeued (an `advance` task each)."""
+    keys = FleetKeys(store)
+    client = store.client
+    lock_ms = max(100, round(settings.reaper_interval_s * 1000 * 0.8))
+    if not client.set(keys.reaper_lock, "1", nx=True, px=lock_ms):
+        return []
+    now_ms = store.checkpoints.server_time_ms() if now_ms is None else now_ms
+    requeued = []
+    for session_id, _deadline in store.checkpoints.inflight(due_before_ms=now_ms, limit=limit):
+        if client.exists(keys.lease(session_id)):
+            continue  # a live worker holds it; its heartbeat will push the deadline
+        if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
+            store.checkpoints.drop_inflight(session_id)
+            continue
+        store.checkpoints.touch_inflight(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
+        send_advance(app, session_id, "reaper")
+        requeued.append(session_id)
+    if requeued:
+        log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))
+    return requeued
+
+
+def run_reaper(store: RedisStore, app: Any, settings: FleetSettings, passes: int | None = None) -> None:
+    """`lousho reaper`: a pass every `reaper_interval_s`, forever (or `passes` times)."""
+    done = 0
+    while passes is None or done < passes:
+        reap_once(store, app, settings)
+        done += 1
+        time.sleep(settings.reaper_interval_s)

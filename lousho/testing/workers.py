@@ -1,0 +1,107 @@
+"""Real Celery worker processes for tests, the demo and benchmarks: started, killed, cleaned up.
+
+Every worker started here is ended here (by `stop()`, `kill()`, or at exit), by pid.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["WorkerProcess", "start_worker"]
+
+_LIVE: set[WorkerProcess] = set()
+
+
+@dataclass(eq=False)
+class WorkerProcess:
+    """One `celery worker` process (solo pool: the task runs in this very process)."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` (default SIGKILL: no cleanup, no ack, like the OOM killer)."""
+        if self.alive():
+            os.kill(self.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.process.wait(timeout=30)
+            _LIVE.discard(self)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL if it does not end in time."""
+        if self.alive():
+            os.kill(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        _LIVE.discard(self)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def start_worker(
+    app: str,
+    *,
+    queue: str = "lousho",
+    name: str = "worker",
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    pool: str = "solo",
+    concurrency: int = 1,
+    ready_timeout_s: float = 60.0,
+    log_dir: str | None = None,
+) -> WorkerProcess:
+    """Start `celery -A <app> worker` consuming `queue` and wait until it is ready."""
+    folder = Path(log_dir or tempfile.mkdtemp(prefix="lousho-worker-"))
+    log_path = folder / f"{name}.log"
+    command = [
+        sys.executable, "-m", "celery", "-A", app, "worker", f"--pool={pool}", f"--concurrency={concurrency}",
+        "-Q", queue, "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO",
+    ]
+    with open(log_path, "wb") as log_file:
+        process = subprocess.Popen(
+            command, env={**os.environ, **(env or {})}, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    worker = WorkerProcess(name=name, process=process, log_path=log_path)
+    _LIVE.add(worker)
+    _wait_ready(worker, ready_timeout_s)
+    return worker
+
+
+def _wait_ready(worker: WorkerProcess, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if "ready." in worker.log():
+            return
+        if not worker.alive():
+            raise RuntimeError(f"worker {worker.name} exited before it was ready:\n{worker.log()[-3000:]}")
+        time.sleep(0.05)
+    worker.kill()
+    raise RuntimeError(f"worker {worker.name} was not ready after {timeout_s}s:\n{worker.log()[-3000:]}")
+
+
+@atexit.register
+def _end_forgotten_workers() -> None:
+    for worker in list(_LIVE):
+        worker.kill()

@@ -1,0 +1,57 @@
+"""`create_app()`: a Celery app that serves lousho agents.
+
+```python
+# myapp/lousho_app.py
+app = create_app(agents=[agent], store=RedisStore(url), broker="redis://localhost:6379/0")
+```
+```
+celery -A myapp.lousho_app worker      # any number, on any number of machines
+celery -A myapp.lousho_app beat        # the reaper on a schedule (or: lousho reaper)
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery
+
+from lousho.providers.base import LLMProvider
+from lousho.stores.redis import RedisStore
+from lousho.worker.config import FleetSettings, celery_config
+from lousho.worker.runtime import FleetRuntime
+from lousho.worker.tasks import register_tasks
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    *,
+    agents: Sequence[Any],
+    store: RedisStore,
+    broker: str,
+    provider: LLMProvider | None = None,
+    settings: FleetSettings | None = None,
+    name: str = "lousho",
+    on_event: Any = None,
+    **celery_settings: Any,
+) -> Celery:
+    """A configured Celery app serving `agents` (Agent definitions or `create_agent()` objects).
+
+    Agents without their own provider use `provider`. `on_event` sees every run event on the
+    worker (text, tool calls and results, saves, approvals, drift). `celery_settings` override Celery's
+    (e.g. `broker_transport_options`), on top of lousho's safe defaults: JSON only,
+    `task_acks_late`, `task_reject_on_worker_lost`, `worker_prefetch_multiplier=1`, events on.
+    """
+    settings = settings or FleetSettings()
+    # A session with no save or heartbeat for a lease's time may have lost its worker.
+    store.checkpoints.inflight_deadline_ms = settings.lease_ttl_ms
+    runtime = FleetRuntime.build(agents, store, settings, provider)
+    runtime.on_event = on_event
+    app = Celery(name, set_as_current=False)
+    app.conf.update(celery_config(broker, settings, **celery_settings))
+    runtime.app = app
+    app.lousho_runtime = runtime
+    register_tasks(app, runtime)
+    return app

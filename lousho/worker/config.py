@@ -1,0 +1,85 @@
+"""Fleet settings, and the Celery configuration every lousho app (worker or client) shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "broker_url","FleetSettings", "TASK_ADVANCE", "TASK_MODEL_TURN", "TASK_REAP", "TASK_TOOL_CALL", "celery_config"]
+
+TASK_MODEL_TURN = "lousho.model_turn"
+TASK_TOOL_CALL = "lousho.tool_call"
+TASK_ADVANCE = "lousho.advance"
+TASK_REAP = "lousho.reap"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetSettings:
+    """How fast the fleet notices a dead worker, and how hard it retries poison work.
+
+    A dead worker's session runs again within about `lease_ttl_s + reaper_interval_s`
+    (defaults: 8 s); both can go down to 1 s at the cost of more Redis traffic.
+    """
+
+    lease_ttl_s: float = 6.0
+    """A session's (or a tool call's) lease lives this long without a heartbeat."""
+    heartbeat_interval_s: float | None = None
+    """How often running work extends its lease; default a third of `lease_ttl_s`."""
+    reaper_interval_s: float = 2.0
+    """How often the reaper looks for sessions whose deadline passed and whose lease is free."""
+    requeue_backoff_s: float = 30.0
+    """After a requeue, how long the reaper leaves a session alone (a busy queue is not a dead worker)."""
+    max_attempts: int = 3
+    """A model turn or tool call that killed its worker this many times is poison: the turn parks
+    the session, the tool call gets an error result."""
+    lock_wait_s: float = 5.0
+    """How long a finished tool call waits for the session's lease to fold its result in."""
+    queue: str = "lousho"
+    """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`)."""
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return max(1, round(self.lease_ttl_s * 1000))
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.heartbeat_interval_s or self.lease_ttl_s / 3
+
+
+def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dict[str, Any]:
+    """Celery settings that make a lousho fleet safe (DESIGN.md: 'Reliability rules for the fleet')."""
+    config: dict[str, Any] = {
+        "broker_url": broker,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],  # never pickle: a message is data, not code
+        "event_serializer": "json",
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_ignore_result": True,  # the checkpoint is the result
+        "task_default_queue": settings.queue,
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        # Redelivery after the visibility timeout is normal and harmless here (a duplicate
+        # finds its work recorded or its lease held), but keep it well above task durations.
+        "broker_transport_options": {"visibility_timeout": 3600},
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        "broker_connection_retry_on_startup": True,
+        "worker_soft_shutdown_timeout": 10.0,
+        "worker_hijack_root_logger": False,
+        "beat_schedule": {"lousho-reaper": {"task": TASK_REAP, "schedule": settings.reaper_interval_s}},
+    }
+    config.update(overrides)
+    return config
+
+
+def broker_url(redis_url: str) -> str:
+    """The Celery broker URL for a Redis URL (kombu spells a unix socket `redis+socket://`)."""
+    if redis_url.startswith("unix://"):
+        path, _, query = redis_url[len("unix://") :].partition("?")
+        db = next((part.split("=", 1)[1] for part in query.split("&") if part.startswith("db=")), "0")
+        return f"redis+socket://{path}?virtual_host={db}"
+    return redis_url

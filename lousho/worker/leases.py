@@ -1,0 +1,62 @@
+"""Leases: which worker may advance a session (or run one tool call) right now.
+
+A lease is `SET key token NX PX ttl`: it expires by Redis's clock, never a
+worker's. A heartbeat extends it while work runs; extending and releasing
+compare the token first, so a worker whose lease expired and was taken over
+cannot extend or delete the new holder's. Saves are fenced on the lease token
+(the save script checks it), so a paused worker cannot overwrite newer progress.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+from lousho.stores.redis_common import redis_errors
+
+__all__ = ["Lease"]
+
+
+@cache
+def _source(name: str) -> str:
+    return resources.files("lousho.worker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass
+class Lease:
+    """One lease on `key`, held with a random `token` for `ttl_ms`."""
+
+    client: redis.Redis
+    key: str
+    ttl_ms: int
+    token: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex}")
+    """Random, prefixed with the holder's pid so an operator (or a test) can tell which worker holds it."""
+    held: bool = False
+
+    def acquire(self) -> bool:
+        with redis_errors(self.client, f"take the lease {self.key}"):
+            self.held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        return self.held
+
+    def extend(self) -> bool:
+        """Push the expiry out; False when the lease was lost (expired and maybe taken over)."""
+        with redis_errors(self.client, f"extend the lease {self.key}"):
+            self.held = bool(self._script(self.client, "lease_extend")(keys=[self.key], args=[self.token, self.ttl_ms]))
+        return self.held
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        with redis_errors(self.client, f"release the lease {self.key}"):
+            self._script(self.client, "lease_release")(keys=[self.key], args=[self.token])
+        self.held = False
+
+    @staticmethod
+    def _script(client: redis.Redis, name: str) -> Script:
+        return client.register_script(_source(name))

@@ -1,0 +1,119 @@
+"""What a worker process knows: its agents, the store, the settings, and one event loop.
+
+Celery runs tasks synchronously; the engine is async. Each worker process keeps one
+long-lived event loop (made after the fork) and runs every task's coroutine on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from lousho.definition import Agent
+from lousho.errors import ConfigurationError
+from lousho.providers.base import LLMProvider
+from lousho.stores.redis import RedisStore
+from lousho.worker.config import FleetSettings
+
+__all__ = ["FleetKeys", "FleetRuntime", "UnknownAgentError"]
+
+T = TypeVar("T")
+
+
+class UnknownAgentError(ConfigurationError):
+    """A job names an agent this fleet does not serve."""
+
+    code = "LOUSHO_UNKNOWN_AGENT"
+
+
+@dataclass(frozen=True)
+class FleetKeys:
+    """The fleet's own per-session keys, beside the store's (same prefix and hash tag)."""
+
+    store: RedisStore
+
+    def lease(self, session_id: str) -> str:
+        return self.store.keys.session_key(session_id, "lease")
+
+    def call_lease(self, session_id: str, call_id: str) -> str:
+        return self.store.keys.session_key(session_id, f"lease:{call_id}")
+
+    def results(self, session_id: str) -> str:
+        """Hash call id -> result JSON: each call's result is committed once (HSETNX)."""
+        return self.store.keys.session_key(session_id, "results")
+
+    def dispatched(self, session_id: str) -> str:
+        """Hash call id -> 1: tool tasks already sent, so a fold does not send them again."""
+        return self.store.keys.session_key(session_id, "dispatched")
+
+    def attempts(self, session_id: str) -> str:
+        """Hash 'turn:<n>' / 'call:<id>' -> started attempts (poison detection)."""
+        return self.store.keys.session_key(session_id, "attempts")
+
+    def abort(self, session_id: str) -> str:
+        return self.store.keys.session_key(session_id, "abort")
+
+    def all_of(self, session_id: str) -> list[str]:
+        return [self.lease(session_id), self.results(session_id), self.dispatched(session_id),
+                self.attempts(session_id), self.abort(session_id)]
+
+    @property
+    def parked(self) -> str:
+        """Set of sessions whose model turn killed its worker `max_attempts` times."""
+        return f"{self.store.prefix}parked"
+
+    @property
+    def reaper_lock(self) -> str:
+        return f"{self.store.prefix}reaper:lock"
+
+
+def _provider_of(entry: Any, default: LLMProvider | None) -> tuple[Agent, LLMProvider]:
+    agent = getattr(entry, "definition", entry)
+    provider = getattr(entry, "provider", None) or default
+    if not isinstance(agent, Agent):
+        raise ConfigurationError(f"create_app(agents=...) takes Agent or create_agent() objects, not {entry!r}")
+    if provider is None:
+        raise ConfigurationError(f"agent {agent.name!r} has no provider: pass provider= to create_app or use create_agent")
+    return agent, provider
+
+
+@dataclass
+class FleetRuntime:
+    store: RedisStore
+    settings: FleetSettings
+    agents: dict[str, tuple[Agent, LLMProvider]] = field(default_factory=dict)
+    app: Any = None
+    on_event: Any = None
+    """Called with every event of every run on this worker (logging, metrics)."""
+    _loop: asyncio.AbstractEventLoop | None = None
+    _loop_pid: int = 0
+
+    @classmethod
+    def build(cls, agents: Sequence[Any], store: RedisStore, settings: FleetSettings, provider: LLMProvider | None) -> FleetRuntime:
+        runtime = cls(store=store, settings=settings)
+        for entry in agents:
+            agent, agent_provider = _provider_of(entry, provider)
+            if agent.name in runtime.agents:
+                raise ConfigurationError(f"two agents are named {agent.name!r}; names pick the agent of a job")
+            runtime.agents[agent.name] = (agent, agent_provider)
+        return runtime
+
+    @property
+    def keys(self) -> FleetKeys:
+        return FleetKeys(self.store)
+
+    def agent(self, name: str | None) -> tuple[Agent, LLMProvider]:
+        if name is None or name not in self.agents:
+            served = ", ".join(sorted(self.agents)) or "none"
+            raise UnknownAgentError(f"no agent named {name!r} on this fleet (it serves: {served})")
+        return self.agents[name]
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a task's coroutine on this process's event loop (made anew after a fork)."""
+        if self._loop is None or self._loop_pid != os.getpid() or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+            self._loop_pid = os.getpid()
+        return self._loop.run_until_complete(coro)

@@ -1,0 +1,291 @@
+"""The fleet's steps: one session advanced under its lease, from its checkpoint alone.
+
+`advance()` is what the `lousho.model_turn` and `lousho.advance` tasks do: take the
+session's lease, read the checkpoint, and do what the step machine says is next (a
+model turn; dispatching tool calls as their own tasks; pausing on an approval;
+finishing). `fold()` records the tool results committed so far (in the session's
+results hash) into the checkpoint, in call order, one save each.
+
+Every save goes through `FencedCheckpoints`, so a worker whose lease was taken
+over cannot overwrite newer progress (DESIGN.md: 'The fleet').
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lousho.abort import AbortSignal, RunAborted
+from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.checkpoint import Checkpoint
+from lousho.engine import (
+    CANCELLED_RESULT,
+    AwaitApproval,
+    Finish,
+    ModelTurn,
+    RunTools,
+    SendPendingInput,
+    append_pending_input,
+    finish,
+    next_step,
+    plan_tool_call,
+    record_tool_result,
+)
+from lousho.errors import PropagatingToolError
+from lousho.pausing import NOT_RUN, prepare_resume
+from lousho.run import Run
+from lousho.tools import tool_error
+from lousho.worker.dispatch import send_model_turn, send_tool_call
+from lousho.worker.heartbeat import heartbeat
+from lousho.worker.leases import Lease
+from lousho.worker.runtime import FleetRuntime
+
+__all__ = ["FencedCheckpoints", "SessionSteps", "turn_number"]
+
+log = logging.getLogger("lousho.worker")
+
+
+def turn_number(checkpoint: Checkpoint) -> int:
+    """The next model turn's number over the whole transcript (task ids stay unique across runs)."""
+    return sum(m.role == "assistant" for m in checkpoint.messages) + 1
+
+
+def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:
+    """An accepted record (written by `Client.enqueue`, which has no agent code) gets its system prompt."""
+    if checkpoint.messages or not checkpoint.pending_input:
+        return checkpoint
+    system = [checkpoint.pending_input[0].system(instructions)] if instructions else []
+    user = [m for m in checkpoint.pending_input if m.role != "system"]
+    return checkpoint.model_copy(
+        update={"messages": [*system, *user], "pending_input": [], "run_start": len(system), "run_input_count": len(user)}
+    )
+
+
+@dataclass
+class FencedCheckpoints:
+    """The store's checkpoints, with every save fenced on this worker's session lease."""
+
+    inner: Any
+    lease: Lease
+
+    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
+        self.inner.save(session_id, checkpoint, fence=(self.lease.key, self.lease.token))
+
+    def load(self, session_id: str) -> Checkpoint | None:
+        loaded: Checkpoint | None = self.inner.load(session_id)
+        return loaded
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.inner.delete(session_id, keep_history=keep_history)
+
+
+class SessionSteps:
+    """Advancing one session on the fleet."""
+
+    def __init__(self, runtime: FleetRuntime, session_id: str) -> None:
+        self.runtime = runtime
+        self.session_id = session_id
+        self.keys = runtime.keys
+        self.client = runtime.store.client
+        self.signal = AbortSignal()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def session_lease(self) -> Lease:
+        return Lease(self.client, self.keys.lease(self.session_id), self.runtime.settings.lease_ttl_ms)
+
+    async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
+        agent, provider = self.runtime.agent(checkpoint.agent_name)
+        return Run(
+            agent=await agent.resolve(checkpoint.run_config),
+            provider=provider,
+            session_id=self.session_id,
+            checkpoint_store=FencedCheckpoints(self.runtime.store.checkpoints, lease),
+            approval_store=self.runtime.store.approvals,
+            max_steps=agent.max_steps,
+            signal=self.signal,
+            on_event=self.runtime.on_event,
+        )
+
+    def results(self) -> dict[str, Any]:
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.results(self.session_id)))
+        return {_text(k): json.loads(v) for k, v in raw.items()}
+
+    def commit_result(self, call_id: str, result: Any) -> bool:
+        """Commit a call's one result: the first writer wins, later ones are dropped."""
+        return bool(self.client.hsetnx(self.keys.results(self.session_id), call_id, json.dumps(result, default=str)))
+
+    def count_attempt(self, what: str) -> int:
+        return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, 1)))
+
+    def aborted(self) -> bool:
+        return bool(self.client.exists(self.keys.abort(self.session_id)))
+
+    def park(self, reason: str) -> None:
+        """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
+        log.error("parking session %s: %s", self.session_id, reason)
+        self.client.hset(self.keys.parked, self.session_id, reason)
+        self.runtime.store.checkpoints.drop_inflight(self.session_id)
+
+    # -- advance -----------------------------------------------------------------------
+
+    async def advance(self, expected_turn: int | None = None, redispatch: bool = False) -> str:
+        """Do what is next for the session, under its lease; a busy lease means someone else is on it."""
+        lease = self.session_lease()
+        if not lease.acquire():
+            return "busy"
+        try:
+            async with heartbeat(self.runtime, self.session_id, lease, self.signal):
+                return await self._advance_locked(lease, expected_turn, redispatch)
+        finally:
+            lease.release()
+
+    async def _advance_locked(self, lease: Lease, expected_turn: int | None, redispatch: bool) -> str:
+        checkpoint = self.runtime.store.checkpoints.load(self.session_id)
+        if checkpoint is None:
+            return "unknown-session"
+        if self.client.hexists(self.keys.parked, self.session_id):
+            return "parked"
+        run = await self.make_run(checkpoint, lease)
+        checkpoint = materialize_accepted(checkpoint, run.agent.instructions)
+        try:
+            return await self._step(run, checkpoint, expected_turn, redispatch)
+        except RunAborted:
+            await run._abort(run._latest)
+            self.runtime.store.checkpoints.drop_inflight(self.session_id)
+            return "aborted"
+        except PropagatingToolError as exc:
+            self.park(f"a tool raised PropagatingToolError: {exc}")
+            return "parked"
+
+    async def _step(self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, redispatch: bool) -> str:
+        run._latest = checkpoint
+        while True:
+            if self.aborted() and checkpoint.status == "in-progress":
+                return await self.abort(run, checkpoint)
+            step = next_step(checkpoint, run.max_steps)
+            if isinstance(step, SendPendingInput):
+                checkpoint = append_pending_input(checkpoint)
+            elif isinstance(step, ModelTurn):
+                turn = turn_number(checkpoint)
+                if expected_turn is not None and turn != expected_turn:
+                    return "stale"
+                if self.count_attempt(f"turn:{turn}") > self.runtime.settings.max_attempts:
+                    self.park(f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing")
+                    return "parked"
+                checkpoint = await run._model_turn(checkpoint)
+                expected_turn = None
+            elif isinstance(step, RunTools):
+                return await self.dispatch(run, checkpoint, redispatch)
+            elif isinstance(step, AwaitApproval):
+                return await self.on_approval(run, checkpoint)
+            elif isinstance(step, Finish):
+                if not step.already_saved:
+                    await run.save(finish(checkpoint, step.reason))
+                return "finished"
+            run._latest = checkpoint
+
+    # -- tool calls ----------------------------------------------------------------------
+
+    async def dispatch(self, run: Run, checkpoint: Checkpoint, redispatch: bool = False) -> str:
+        """Fold committed results, then send tool tasks for the next calls, up to `tool_concurrency`."""
+        for _ in range(len(checkpoint.messages) + 2):
+            checkpoint = await self.fold(run, checkpoint)
+            if checkpoint.status == "awaiting-approval":
+                return "awaiting-approval"
+            pending = checkpoint.pending_tool_calls()
+            if not pending:
+                send_model_turn(self.runtime.app, self.session_id, turn_number(checkpoint))
+                return "turn-enqueued"
+            results = self.results()
+            window, settled = [], False
+            for call in [c for c in pending if c.id not in results]:
+                plan = await plan_tool_call(call, run.agent, run._ctx(call))
+                if plan.preset:
+                    settled = self.commit_result(call.id, plan.result) or settled
+                    continue
+                if plan.needs_approval:
+                    if call.id == pending[0].id:
+                        await run.pause(checkpoint, call)
+                        return "awaiting-approval"
+                    break
+                window.append(call)
+                if len(window) >= run.agent.definition.tool_concurrency:
+                    break
+            if not settled:
+                self.send_tools(window, redispatch)
+                return "tools-dispatched"
+        return "tools-dispatched"
+
+    def send_tools(self, calls: list[Any], redispatch: bool) -> None:
+        for call in calls:
+            first = self.client.hsetnx(self.keys.dispatched(self.session_id), call.id, "1")
+            running = self.client.exists(self.keys.call_lease(self.session_id, call.id))
+            if first or (redispatch and not running):
+                send_tool_call(self.runtime.app, self.session_id, call.id, call.name)
+
+    async def fold(self, run: Run, checkpoint: Checkpoint) -> Checkpoint:
+        """Record committed results in call order (one save each); settle a decided approval."""
+        results = self.results()
+        if checkpoint.status == "awaiting-approval":
+            checkpoint = await self._fold_approval(run, checkpoint, results)
+            if checkpoint.status == "awaiting-approval":
+                return checkpoint
+        for call in checkpoint.pending_tool_calls():
+            if call.id not in results:
+                break
+            checkpoint = await run.save(record_tool_result(checkpoint, call, results[call.id]))
+            run._latest = checkpoint
+        return checkpoint
+
+    async def _fold_approval(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any]) -> Checkpoint:
+        snapshot = self._approval(checkpoint)
+        if snapshot is None or snapshot.tool_call.id not in results:
+            return checkpoint
+        resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
+        resumed = await run.save(record_tool_result(resumed, snapshot.tool_call, results[snapshot.tool_call.id]))
+        self.runtime.store.approvals.save(snapshot.model_copy(update={"applied_at": utc_now()}))
+        if snapshot.remaining_tool_calls is None:
+            for call in resumed.pending_tool_calls():  # an old snapshot: the rest does not run (reference)
+                self.commit_result(call.id, NOT_RUN)
+        return resumed
+
+    def _approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
+        if checkpoint.approval_id is None:
+            return None
+        snapshot: ApprovalSnapshot | None = self.runtime.store.approvals.load(checkpoint.approval_id)
+        return snapshot
+
+    async def on_approval(self, run: Run, checkpoint: Checkpoint) -> str:
+        """A decided approval: commit a rejection, or send the approved call to run as its own task."""
+        snapshot = self._approval(checkpoint)
+        if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
+            return "awaiting-approval"
+        await prepare_resume(run, snapshot, checkpoint, self.runtime.store.approvals)  # drift and missing tools
+        if snapshot.child is not None:  # a sub-agent's approval: resumed in this task, in process
+            await run.apply_decision(snapshot, checkpoint, self.runtime.store.approvals)
+            return "resumed-in-process"
+        call = snapshot.tool_call
+        if snapshot.status == "rejected":
+            self.commit_result(call.id, tool_error("rejected", snapshot.note or "A human rejected this call; it was not run."))
+            return await self.dispatch(run, checkpoint)
+        self.send_tools([call], redispatch=True)
+        return "approved-call-dispatched"
+
+    async def abort(self, run: Run, checkpoint: Checkpoint) -> str:
+        """Every unfinished call gets its committed result or 'cancelled'; the run stays 'in-progress'
+        and idle (out of the in-flight index) until new input or `Client.resume`."""
+        checkpoint = await self.fold(run, checkpoint)
+        for call in checkpoint.pending_tool_calls():
+            self.commit_result(call.id, CANCELLED_RESULT)
+        checkpoint = await self.fold(run, checkpoint)
+        if checkpoint.status == "in-progress":
+            await run.save(checkpoint)
+        self.runtime.store.checkpoints.drop_inflight(self.session_id)
+        return "aborted"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

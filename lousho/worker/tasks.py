@@ -1,0 +1,52 @@
+"""The Celery tasks: thin entry points onto `SessionSteps`. Each returns a word saying what it did
+(Flower shows it); a typed error is logged and the message acked: bad input never crashes a worker."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from lousho.checkpoint import validate_session_id
+from lousho.errors import SDKError
+from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
+from lousho.worker.runtime import FleetRuntime
+from lousho.worker.steps import SessionSteps
+from lousho.worker.tool_task import run_tool_call
+
+__all__ = ["register_tasks"]
+
+log = logging.getLogger("lousho.worker")
+
+
+def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
+    try:
+        validate_session_id(session_id)
+        outcome: str = runtime.run(work(SessionSteps(runtime, session_id)))
+        return outcome
+    except SDKError as exc:
+        log.error("session %r: %s", str(session_id)[:200], exc)
+        return f"error: {exc.code}"
+
+
+def register_tasks(app: Any, runtime: FleetRuntime) -> None:
+    @app.task(name=TASK_MODEL_TURN)  # type: ignore[untyped-decorator]
+    def model_turn(session_id: str, turn: int) -> str:
+        """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
+        return _guarded(runtime, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
+
+    @app.task(name=TASK_TOOL_CALL)  # type: ignore[untyped-decorator]
+    def tool_call(session_id: str, tool_call_id: str, tool_name: str = "") -> str:
+        """Run one tool call of the session's newest turn (a no-op when its result is recorded)."""
+        return _guarded(runtime, session_id, lambda steps: run_tool_call(steps, str(tool_call_id)))
+
+    @app.task(name=TASK_ADVANCE)  # type: ignore[untyped-decorator]
+    def advance(session_id: str, reason: str = "") -> str:
+        """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
+        return _guarded(runtime, session_id, lambda steps: steps.advance(redispatch=reason in ("reaper", "resume")))
+
+    @app.task(name=TASK_REAP)  # type: ignore[untyped-decorator]
+    def reap() -> int:
+        """One pass of the reaper (installed as a beat entry by `create_app`)."""
+        from lousho.scheduler.reaper import reap_once
+
+        return len(reap_once(runtime.store, runtime.app, runtime.settings))

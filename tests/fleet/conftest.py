@@ -1,0 +1,97 @@
+"""The `fleet` fixture: real Celery worker processes on a real Redis, each test on its own queue and key prefix."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from lousho import Message
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.testing.workers import WorkerProcess, start_worker
+from lousho.worker import FleetSettings, broker_url
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class Fleet:
+    env: dict[str, str]
+    queue: str
+    prefix: str
+    store: RedisStore
+    client: Client
+    log_dir: str
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self.store.client
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}test:{name}"
+
+    def start_worker(self, name: str | None = None, **env: str) -> WorkerProcess:
+        worker = start_worker(
+            "tests.fleet.fleet_app", queue=self.queue, name=name or f"w{len(self.workers) + 1}",
+            env={**self.env, **env}, cwd=ROOT, log_dir=self.log_dir,
+        )
+        self.workers.append(worker)
+        return worker
+
+    def script(self, session_id: str, answers: list[Message]) -> None:
+        self.redis.set(self.key(f"script:{session_id}"), json.dumps([a.model_dump() for a in answers]))
+
+    def kill_on(self, trigger: str) -> None:
+        self.redis.sadd(self.key("kill"), trigger)
+
+    def counts(self, name: str) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.redis.hgetall(self.key(name)).items()}
+
+    def violations(self) -> list[str]:
+        return [v.decode() for v in self.redis.lrange(self.key("violations"), 0, -1)]
+
+    def wait_for(self, sessions: list[str], status: str = "finished", timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(self.client.status(s).status == status for s in sessions):
+                return
+            time.sleep(0.1)
+        stuck = {s: self.client.status(s).status for s in sessions if self.client.status(s).status != status}
+        logs = "\n".join(f"--- {w.name} ---\n{w.log()[-2500:]}" for w in self.workers)
+        raise AssertionError(f"not {status} after {timeout_s}s: {stuck}\n{logs}")
+
+    def stop_all(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+
+
+@pytest.fixture
+def fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Fleet]:
+    queue = f"lousho-test-{uuid.uuid4().hex[:12]}"
+    env = {
+        "LOUSHO_TEST_FLEET_REDIS": redis_url,
+        "LOUSHO_TEST_FLEET_PREFIX": redis_prefix,
+        "LOUSHO_TEST_FLEET_QUEUE": queue,
+        "PYTHONPATH": ROOT,
+    }
+    store = RedisStore(redis_client, prefix=redis_prefix)
+    client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue))
+    fleet = Fleet(env=env, queue=queue, prefix=redis_prefix, store=store, client=client, log_dir=str(tmp_path))
+    yield fleet
+    fleet.stop_all()
+    redis_client.delete(queue, f"{queue}\x06\x163", f"{queue}\x06\x166", f"{queue}\x06\x169")
+
+
+def tool_turn(*calls: tuple[str, str, dict[str, Any]]) -> Message:
+    from lousho import ToolCall
+
+    return Message.assistant(tool_calls=[ToolCall(id=i, name=n, arguments=a) for i, n, a in calls])

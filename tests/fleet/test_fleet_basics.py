@@ -1,0 +1,53 @@
+"""The fleet runs the same engine as the in-process path, one Celery task per model turn and per tool call."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from lousho import Agent, AgentExecutor, Message, memory_store
+from lousho.providers import ScriptedProvider
+from tests.engine.helpers import assert_valid_transcript
+from tests.fleet.conftest import Fleet, tool_turn
+
+
+def job_script() -> list[Message]:
+    return [
+        tool_turn(("a", "work", {"n": 2}), ("b", "work", {"n": 3, "sleep_s": 0.05}), ("c", "work", {"n": 4})),
+        tool_turn(("d", "work", {"n": 5})),
+        Message.assistant("all done"),
+    ]
+
+
+def test_a_job_runs_to_the_end_on_the_fleet(fleet: Fleet) -> None:
+    fleet.start_worker()
+    fleet.script("job-1", job_script())
+
+    fleet.client.enqueue("jobs", "do the work", session_id="job-1")
+    fleet.wait_for(["job-1"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("job-1")
+    assert checkpoint is not None
+    assert_valid_transcript(checkpoint.messages)
+    assert [m.tool_call_id for m in checkpoint.messages if m.role == "tool"] == ["a", "b", "c", "d"]
+    assert fleet.counts("runs") == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert fleet.counts("asked") == {"job-1:1": 1, "job-1:2": 1, "job-1:3": 1}
+
+
+async def test_the_fleet_gives_the_same_transcript_as_the_in_process_path(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in fleet.env.items():
+        monkeypatch.setenv(name, value)
+    fleet_app = importlib.import_module("tests.fleet.fleet_app")
+    fleet.start_worker()
+    fleet.script("job-2", job_script())
+    fleet.client.enqueue("jobs", "do the work", session_id="job-2")
+    fleet.wait_for(["job-2"], timeout_s=60)
+
+    agent: Agent = fleet_app.agent
+    local_store = memory_store()
+    local = await AgentExecutor.execute(agent=agent, input="do the work", provider=ScriptedProvider(job_script()),
+                                        session_id="job-2", checkpoint_store=local_store.checkpoints, approval_store=local_store.approvals)
+    on_fleet = fleet.client.checkpoint("job-2")
+    assert on_fleet is not None
+    assert on_fleet.messages == local.messages
