@@ -17,6 +17,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptCheckpointError",
     "InvalidSessionIdError",
+    "LeaseLostError",
     "PropagatingToolError",
     "ProviderError",
     "ResumeToolMissingError",
@@ -110,6 +111,25 @@ class CheckpointConflictError(SDKError):
         self.session_id = session_id
         self.expected = expected
         self.found = found
+
+
+class LeaseLostError(CheckpointConflictError):
+    """A fenced save whose writer no longer holds the session's lease: it must stand down.
+
+    A `CheckpointConflictError`, so code that handles a stale save handles this too."""
+
+    code = "LOUSHO_LEASE_LOST"
+
+    def __init__(self, session_id: str, lease_key: str, expected: int) -> None:
+        SDKError.__init__(
+            self,
+            f"session {session_id!r} is no longer leased to this writer ({lease_key} holds another token or "
+            "expired); the save was refused and nothing was written. Stand down: another worker owns it now",
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.found = None
+        self.lease_key = lease_key
 
 
 class StoreUnavailableError(SDKError):

@@ -44,9 +44,12 @@ class Client:
 
     def __init__(self, *, broker: str, store: RedisStore, settings: FleetSettings | None = None) -> None:
         self.store = store
+        self.settings = settings or FleetSettings()
+        # An accepted job whose message is lost is requeued by the reaper after a lease's time.
+        store.checkpoints.inflight_deadline_ms = self.settings.lease_ttl_ms
         self.keys = FleetKeys(store)
         self.app = Celery("lousho-client", set_as_current=False)
-        self.app.conf.update(celery_config(broker, settings or FleetSettings()))
+        self.app.conf.update(celery_config(broker, self.settings))
 
     def enqueue(self, agent_name: str, input: Any, *, session_id: str | None = None, business_state: Any = None) -> str:
         """Write the job's checkpoint (an accepted record for a new session) and wake the fleet.

@@ -39,30 +39,12 @@ from typing import Any, cast
 import redis
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError, SDKError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
 from lousho.messages import Message
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 
 __all__ = ["LeaseLostError", "RedisCheckpointStore"]
-
-
-class LeaseLostError(CheckpointConflictError):
-    """A fenced save whose writer no longer holds the session's lease: it must stand down.
-
-    A `CheckpointConflictError` (same code), so code that handles a stale save handles this too.
-    """
-
-    def __init__(self, session_id: str, lease_key: str, expected: int) -> None:
-        SDKError.__init__(
-            self,
-            f"session {session_id!r} is no longer leased to this writer ({lease_key} holds another token or "
-            "expired); the save was refused and nothing was written. Stand down: another worker owns it now",
-        )
-        self.session_id = session_id
-        self.expected = expected
-        self.found = None
-        self.lease_key = lease_key
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ async def _run_once(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall)
     if not lease.acquire():
         return "running-elsewhere"
     try:
+        if call.id in steps.results():  # another copy ran it between our first look and the lease
+            return "ran"
         if steps.count_attempt(f"call:{call.id}") > settings.max_attempts:
             result: Any = tool_error("poison", f"This call was started {settings.max_attempts} times and never finished (its worker died each time).")
         else:
@@ -100,6 +102,8 @@ async def fold_when_free(steps: SessionSteps) -> str:
         checkpoint = steps.runtime.store.checkpoints.load(steps.session_id)
         if checkpoint is None:
             return "unknown-session"
+        if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
+            return "nothing-to-fold"  # a late copy of a call whose turn is already complete
         run = await steps.make_run(checkpoint, lease)
         if steps.aborted() and checkpoint.status == "in-progress":
             return await steps.abort(run, checkpoint)

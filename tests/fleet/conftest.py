@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from lousho import Message
-from lousho.scheduler import Client
+from lousho.scheduler import Client, reap_once
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings, broker_url
@@ -31,6 +32,8 @@ class Fleet:
     client: Client
     log_dir: str
     workers: list[WorkerProcess] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
 
     @property
     def redis(self) -> redis.Redis:
@@ -69,7 +72,36 @@ class Fleet:
         logs = "\n".join(f"--- {w.name} ---\n{w.log()[-2500:]}" for w in self.workers)
         raise AssertionError(f"not {status} after {timeout_s}s: {stuck}\n{logs}")
 
+    def start_reaper(self, interval_s: float = 0.3) -> None:
+        """Run the real reaper (`reap_once`) in a thread of this process, as `lousho reaper` would."""
+        settings = FleetSettings(queue=self.queue, reaper_interval_s=interval_s, requeue_backoff_s=3.0)
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                reap_once(self.store, self.client.app, settings)
+                self._stop.wait(interval_s)
+
+        thread = threading.Thread(target=loop, daemon=True, name="reaper")
+        thread.start()
+        self._threads.append(thread)
+
+    def pid_running(self, call_id: str, timeout_s: float = 30.0) -> int:
+        """The pid of the worker running `call_id` (its tool records it as it starts)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.redis.hget(self.key("ran-on"), call_id)
+            if pid is not None:
+                return int(pid)
+            time.sleep(0.02)
+        raise AssertionError(f"{call_id} never started")
+
+    def worker_with_pid(self, pid: int) -> WorkerProcess:
+        return next(w for w in self.workers if w.pid == pid)
+
     def stop_all(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
         for worker in self.workers:
             worker.kill()
 
@@ -84,7 +116,7 @@ def fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path
         "PYTHONPATH": ROOT,
     }
     store = RedisStore(redis_client, prefix=redis_prefix)
-    client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue))
+    client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue, lease_ttl_s=2.0))
     fleet = Fleet(env=env, queue=queue, prefix=redis_prefix, store=store, client=client, log_dir=str(tmp_path))
     yield fleet
     fleet.stop_all()

@@ -56,6 +56,9 @@ class ScriptFromRedis:
         stored = store.checkpoints.load(session)
         if stored is not None and assistant_turns(stored.messages) >= turn:
             redis.rpush(key("violations"), f"{session}: turn {turn} asked after it was checkpointed")
+        delay = redis.get(key(f"model-delay:{session}:{turn}"))
+        if delay:
+            await asyncio.sleep(float(delay))
         answers = json.loads(redis.get(key(f"script:{session}")) or "[]")
         return ModelResponse(message=Message.model_validate(answers[turn - 1]))
 
@@ -100,3 +103,13 @@ agent = Agent(
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
 app = create_app(agents=[agent], store=store, broker=broker_url(URL), provider=ScriptFromRedis(), settings=SETTINGS, on_event=on_event)
+
+if os.environ.get("LOUSHO_TEST_DELIVER_TWICE"):
+    # Every task this worker sends is sent twice, with the same task id: duplicate delivery.
+    send_once = app.send_task
+
+    def send_twice(*args: Any, **kwargs: Any) -> Any:
+        send_once(*args, **kwargs)
+        return send_once(*args, **kwargs)
+
+    app.send_task = send_twice  # type: ignore[method-assign]
