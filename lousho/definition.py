@@ -14,7 +14,7 @@ from typing import Any
 
 from lousho.errors import ConfigurationError
 from lousho.fingerprint import AgentFingerprint, compute_fingerprint
-from lousho.providers.base import ToolSpec
+from lousho.providers.base import RetryPolicy, ToolSpec
 from lousho.tools import Tool
 
 __all__ = ["Agent", "Hook", "ResolvedAgent", "call_hook"]
@@ -51,7 +51,8 @@ class Agent:
     """`(call, ctx) -> None`."""
     after_tool: Hook | None = None
     """`(call, result) -> result | None`: return a result to record instead."""
-    sub_agents: dict[str, Any] = field(default_factory=dict)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Retries of provider errors that may succeed (rate limit, timeout, server error)."""
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

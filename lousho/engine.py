@@ -19,6 +19,7 @@ from lousho.definition import ResolvedAgent, call_hook
 from lousho.errors import PropagatingToolError
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
+from lousho.providers.calling import OnDelta, OnRetry, ask_model
 from lousho.tools import ToolContext, describe_validation_error, tool_error
 
 __all__ = [
@@ -143,7 +144,12 @@ async def _abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
 
 
 async def take_model_turn(
-    checkpoint: Checkpoint, agent: ResolvedAgent, provider: LLMProvider, signal: AbortSignal | None = None
+    checkpoint: Checkpoint,
+    agent: ResolvedAgent,
+    provider: LLMProvider,
+    signal: AbortSignal | None = None,
+    on_delta: OnDelta | None = None,
+    on_retry: OnRetry | None = None,
 ) -> tuple[Checkpoint, ModelResponse]:
     """Ask the model for one turn and return the checkpoint with its answer recorded (not yet saved).
 
@@ -158,7 +164,8 @@ async def take_model_turn(
         step=step,
     )
     request = await call_hook(agent.hook("before_model"), request) or request
-    response: ModelResponse = await _abortable(provider.generate(request), signal)
+    asked = ask_model(provider, request, retry=agent.definition.retry, on_delta=on_delta, on_retry=on_retry)
+    response: ModelResponse = await _abortable(asked, signal)
     response = await call_hook(agent.hook("after_model"), response) or response
     message = _unique_call_ids(response.message, step)
     update: dict[str, Any] = {

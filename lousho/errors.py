@@ -167,10 +167,13 @@ class ProviderError(SDKError):
 
     code = "LOUSHO_PROVIDER_ERROR"
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, status: int | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class PropagatingToolError(Exception):

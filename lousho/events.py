@@ -18,6 +18,7 @@ __all__ = [
     "Event",
     "EventSink",
     "FinishedEvent",
+    "ProviderRetryEvent",
     "TextEvent",
     "ToolCallEvent",
     "ToolResultEvent",
@@ -65,6 +66,15 @@ class DriftEvent(_Event):
     drift: Drift
 
 
+class ProviderRetryEvent(_Event):
+    type: Literal["provider-retry"] = "provider-retry"
+    attempt: int
+    """The attempt that failed (1-based); the next one starts after `delay_s`."""
+    delay_s: float
+    error: str
+    status: int | None = None
+
+
 class FinishedEvent(_Event):
     type: Literal["finished"] = "finished"
     finish_reason: str
@@ -78,6 +88,7 @@ Event = (
     | CheckpointSavedEvent
     | ApprovalRequestedEvent
     | DriftEvent
+    | ProviderRetryEvent
     | FinishedEvent
 )
 EventSink = Callable[[Event], Awaitable[None] | None]

@@ -38,6 +38,7 @@ from lousho.engine import (
 from lousho.errors import (
     AgentDriftError,
     ConfigurationError,
+    ProviderError,
     ResumeToolMissingError,
 )
 from lousho.events import (
@@ -46,6 +47,7 @@ from lousho.events import (
     Event,
     EventSink,
     FinishedEvent,
+    ProviderRetryEvent,
     TextEvent,
     ToolCallEvent,
     ToolResultEvent,
@@ -217,13 +219,22 @@ class Run:
             self._latest = checkpoint
 
     async def _model_turn(self, checkpoint: Checkpoint) -> Checkpoint:
-        answered, response = await take_model_turn(checkpoint, self.agent, self.provider, self.signal)
+        on_delta = self._emit_delta if self.on_event is not None else None
+        answered, response = await take_model_turn(
+            checkpoint, self.agent, self.provider, self.signal, on_delta=on_delta, on_retry=self._emit_retry
+        )
         if response.message.content:
             await self.emit(TextEvent(text=response.message.content))
         saved = await self.save(answered)
         for call in saved.messages[-1].tool_calls:
             await self.emit(ToolCallEvent(call=call))
         return saved
+
+    async def _emit_delta(self, text: str) -> None:
+        await self.emit(TextEvent(text=text, delta=True))
+
+    async def _emit_retry(self, attempt: int, delay_s: float, error: ProviderError) -> None:
+        await self.emit(ProviderRetryEvent(attempt=attempt, delay_s=delay_s, error=str(error), status=error.status))
 
     async def _tool_batch(self, checkpoint: Checkpoint, calls: list[ToolCall]) -> Checkpoint:
         """Run the pending calls in order up to the first one that needs approval, then pause on it.

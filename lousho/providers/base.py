@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from lousho.messages import Message, Usage
 
-__all__ = ["LLMProvider", "ModelRequest", "ModelResponse", "ToolSpec"]
+__all__ = ["LLMProvider", "ModelRequest", "ModelResponse", "RetryPolicy", "StreamingProvider", "ToolSpec"]
 
 
 class ToolSpec(BaseModel):
@@ -49,3 +51,28 @@ class LLMProvider(Protocol):
     """Anything with `async generate(request) -> ModelResponse`."""
 
     async def generate(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class StreamingProvider(Protocol):
+    """A provider that can also stream: `stream(request)` yields text deltas (str) as they
+    arrive, then exactly one `ModelResponse` with the whole turn (tool calls complete, usage)."""
+
+    async def generate(self, request: ModelRequest) -> ModelResponse: ...
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff for provider errors that say a retry may help
+    (rate limits, timeouts, server errors); others fail the turn at once."""
+
+    max_attempts: int = 3
+    base_delay_s: float = 0.5
+    max_delay_s: float = 8.0
+
+    def delay_s(self, attempt: int, retry_after_s: float | None = None) -> float:
+        """The wait before attempt `attempt + 1`; a server's Retry-After wins when it is longer."""
+        backoff = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
+        return float(max(backoff, min(retry_after_s or 0.0, self.max_delay_s)))
