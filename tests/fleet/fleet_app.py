@@ -4,7 +4,8 @@ Its provider reads each session's script from Redis and answers by turn (a deter
 model), counting every request and flagging any turn asked after it was checkpointed.
 Its tools count their runs in Redis. Crashes are injected by the test through a Redis
 set of triggers: `tool:<call id>` (die while running that call) and
-`turn-saved:<session>:<turn>` (die right after that model turn's answer is saved); each
+`turn-saved:<session>:<turn>` (die right after that model turn's answer is saved),
+`model:<session>:<turn>` (die while the model is asked that turn); each
 fires once, and the process dies by SIGKILL: no cleanup, no ack.
 """
 
@@ -53,6 +54,7 @@ class ScriptFromRedis:
     async def generate(self, request: ModelRequest) -> ModelResponse:
         session, turn = request.session_id or "", assistant_turns(request.messages) + 1
         redis.hincrby(key("asked"), f"{session}:{turn}", 1)
+        die_if_triggered(f"model:{session}:{turn}")
         stored = store.checkpoints.load(session)
         if stored is not None and assistant_turns(stored.messages) >= turn:
             redis.rpush(key("violations"), f"{session}: turn {turn} asked after it was checkpointed")

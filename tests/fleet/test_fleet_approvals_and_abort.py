@@ -1,0 +1,93 @@
+"""Approvals and aborts on the fleet: decided from a web app's `Client` in another process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from lousho import Message
+from tests.engine.helpers import assert_valid_transcript
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
+
+RESOLVE = """
+import sys
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url
+url, prefix, queue, approval_id = sys.argv[1:5]
+client = Client(broker=broker_url(url), store=RedisStore(url, prefix=prefix), settings=FleetSettings(queue=queue))
+client.resolve_approval(approval_id, approved=True, note="approved from another process")
+"""
+
+
+def test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker(fleet: Fleet) -> None:
+    fleet.script("pay", [
+        tool_turn(("w1", "work", {"n": 1}), ("c1", "charge", {"amount": 30}), ("w2", "work", {"n": 2})),
+        Message.assistant("paid"),
+    ])
+    first = fleet.start_worker("first")
+    fleet.client.enqueue("jobs", "pay please", session_id="pay")
+    fleet.wait_for(["pay"], status="awaiting-approval", timeout_s=60)
+    first.stop()
+    pending = fleet.client.approvals("pay")
+    assert [a.tool_call.id for a in pending] == ["c1"]
+    assert [c.id for c in pending[0].remaining_tool_calls or []] == ["w2"]
+
+    fleet.start_worker("second")
+    subprocess.run([sys.executable, "-c", RESOLVE, fleet.env["LOUSHO_TEST_FLEET_REDIS"], fleet.prefix, fleet.queue, pending[0].id],
+                   check=True, cwd=ROOT, timeout=60)
+    fleet.wait_for(["pay"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("pay")
+    assert checkpoint is not None
+    assert_valid_transcript(checkpoint.messages)
+    results = {m.tool_call_id: m.result() for m in checkpoint.messages if m.role == "tool"}
+    assert results["c1"] == {"charged": 30, "idempotency_key": "c1"}
+    assert fleet.counts("runs") == {"w1": 1, "c1": 1, "w2": 1}
+
+
+def test_a_rejection_on_the_fleet_records_the_note_and_the_run_goes_on(fleet: Fleet) -> None:
+    fleet.script("nope", [tool_turn(("c1", "charge", {"amount": 999})), Message.assistant("not charged")])
+    fleet.start_worker()
+    fleet.client.enqueue("jobs", "charge", session_id="nope")
+    fleet.wait_for(["nope"], status="awaiting-approval", timeout_s=60)
+
+    approval = fleet.client.approvals("nope")[0]
+    fleet.client.resolve_approval(approval.id, approved=False, note="too much")
+    fleet.wait_for(["nope"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("nope")
+    assert checkpoint is not None
+    assert checkpoint.messages[-2].result() == {"error": "rejected", "note": "too much"}
+    assert "c1" not in fleet.counts("runs")
+
+
+def test_abort_cancels_the_running_call_and_new_input_continues_the_run(fleet: Fleet) -> None:
+    fleet.script("ab", [
+        tool_turn(("slow", "work", {"n": 1, "sleep_s": 30}), ("next", "work", {"n": 2})),
+        Message.assistant("redirected"),
+    ])
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.client.enqueue("jobs", "start", session_id="ab")
+    fleet.pid_running("slow")
+
+    fleet.client.abort("ab")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        checkpoint = fleet.client.checkpoint("ab")
+        if checkpoint is not None and not checkpoint.pending_tool_calls():
+            break
+        time.sleep(0.1)
+    assert checkpoint is not None and checkpoint.status == "in-progress"
+    results = {m.tool_call_id: m.result() for m in checkpoint.messages if m.role == "tool"}
+    assert results["slow"]["error"] == "cancelled"
+    assert fleet.client.status("ab").aborted
+
+    fleet.client.enqueue("jobs", "never mind, stop there", session_id="ab")
+    fleet.wait_for(["ab"], timeout_s=60)
+    final = fleet.client.checkpoint("ab")
+    assert final is not None
+    assert_valid_transcript(final.messages)
+    assert [m.role for m in final.messages[-2:]] == ["user", "assistant"]

@@ -1,0 +1,132 @@
+"""The reaper works from the in-flight index and the leases, never from broker messages.
+Tests drive its clock (`now_ms`) instead of sleeping."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery import Celery
+
+from lousho import Message
+from lousho.scheduler import Client, reap_once
+from lousho.worker import FleetSettings, broker_url
+from lousho.worker.config import celery_config
+from lousho.worker.leases import Lease
+from tests.fleet.conftest import Fleet, tool_turn
+
+HOUR_MS = 3_600_000
+
+
+class Recorder:
+    """A Celery app whose sends are recorded instead of delivered: a broker that loses every message."""
+
+    def __init__(self, queue: str) -> None:
+        self.sent: list[tuple[str, list[Any], str]] = []
+        self.conf = Celery("recorder", set_as_current=False).conf
+        self.conf.update(celery_config("memory://", FleetSettings(queue=queue)))
+
+    def send_task(self, name: str, args: list[Any], task_id: str, **_: Any) -> None:
+        self.sent.append((name, args, task_id))
+
+
+def later(fleet: Fleet) -> int:
+    return fleet.store.checkpoints.server_time_ms() + HOUR_MS
+
+
+def test_a_job_whose_message_was_lost_is_requeued_and_finishes(fleet: Fleet) -> None:
+    fleet.script("lost", [Message.assistant("done")])
+    lossy = Client(broker=broker_url(fleet.env["LOUSHO_TEST_FLEET_REDIS"]), store=fleet.store, settings=FleetSettings(queue=fleet.queue))
+    lossy.app = Recorder(fleet.queue)  # type: ignore[assignment]
+    lossy.enqueue("jobs", "go", session_id="lost")
+    assert fleet.client.status("lost").status == "in-progress"  # the accepted record was written first
+
+    requeued = reap_once(fleet.store, fleet.client.app, FleetSettings(queue=fleet.queue), now_ms=later(fleet))
+    fleet.start_worker()
+    fleet.wait_for(["lost"], timeout_s=60)
+
+    assert requeued == ["lost"]
+
+
+def test_a_session_whose_lease_is_held_is_left_alone(fleet: Fleet) -> None:
+    fleet.script("busy", [Message.assistant("done")])
+    recorder = Recorder(fleet.queue)
+    fleet.client.app = recorder  # type: ignore[assignment]
+    fleet.client.enqueue("jobs", "go", session_id="busy")
+    lease = Lease(fleet.redis, fleet.client.keys.lease("busy"), 60_000)
+    assert lease.acquire()
+
+    requeued = reap_once(fleet.store, recorder, FleetSettings(queue=fleet.queue), now_ms=later(fleet))
+
+    assert requeued == []
+    lease.release()
+
+
+def test_a_requeued_session_is_not_requeued_again_until_its_backoff_passes(fleet: Fleet) -> None:
+    recorder = Recorder(fleet.queue)
+    fleet.client.app = recorder  # type: ignore[assignment]
+    fleet.client.enqueue("jobs", "go", session_id="once")
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=30)
+    now = later(fleet)
+
+    first = reap_once(fleet.store, recorder, settings, now_ms=now)
+    fleet.redis.delete(fleet.client.keys.reaper_lock)
+    second = reap_once(fleet.store, recorder, settings, now_ms=now + 1_000)
+    fleet.redis.delete(fleet.client.keys.reaper_lock)
+    third = reap_once(fleet.store, recorder, settings, now_ms=now + 31_000)
+
+    assert (first, second, third) == (["once"], [], ["once"])
+
+
+def test_several_reapers_at_once_requeue_each_session_once(fleet: Fleet) -> None:
+    recorder = Recorder(fleet.queue)
+    fleet.client.app = recorder  # type: ignore[assignment]
+    for i in range(10):
+        fleet.client.enqueue("jobs", "go", session_id=f"many-{i}")
+    recorder.sent.clear()
+    now = later(fleet)
+    results: list[list[str]] = []
+
+    def reap() -> None:
+        results.append(reap_once(fleet.store, recorder, FleetSettings(queue=fleet.queue, reaper_interval_s=5), now_ms=now))
+
+    threads = [threading.Thread(target=reap) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    requeued = [s for r in results for s in r]
+    assert sorted(requeued) == sorted(f"many-{i}" for i in range(10))
+    assert len(recorder.sent) == 10
+
+
+def test_a_tool_call_that_kills_its_worker_every_time_gets_an_error_result(fleet: Fleet) -> None:
+    fleet.script("poison", [tool_turn(("deadly", "work", {"n": 1})), Message.assistant("survived")])
+    fleet.start_reaper()
+    fleet.client.enqueue("jobs", "go", session_id="poison")
+    for _ in range(3):  # three workers in turn die running the call (each trigger fires once)
+        fleet.kill_on("tool:deadly")
+        fleet.start_worker().process.wait(timeout=60)
+    fleet.start_worker()
+    fleet.wait_for(["poison"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("poison")
+    assert checkpoint is not None
+    assert checkpoint.messages[-2].result()["error"] == "poison"
+    assert fleet.counts("runs")["deadly"] == 3
+
+
+def test_a_model_turn_that_kills_its_worker_every_time_parks_the_session(fleet: Fleet) -> None:
+    fleet.script("sick", [tool_turn(("x", "work", {"n": 1})), Message.assistant("never")])
+    fleet.start_reaper()
+    fleet.client.enqueue("jobs", "go", session_id="sick")
+    for _ in range(3):  # three workers in turn die while the model answers turn 1
+        fleet.kill_on("model:sick:1")
+        fleet.start_worker().process.wait(timeout=60)
+    fleet.start_worker()
+    fleet.wait_for(["sick"], status="parked", timeout_s=60)
+
+    status = fleet.client.status("sick")
+    assert status.parked_reason is not None and "model turn" in status.parked_reason
+    assert fleet.client.sessions(status="parked") == ["sick"]
