@@ -30,6 +30,12 @@ WEATHER = ("call_weather", "weather", {"city": "Oslo"})
 RAIN = {"city": "Oslo", "forecast": "rain"}
 
 
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """These rules hold on every store (issue #4): each test runs on each built-in store."""
+    return any_store
+
+
 async def run_trip(agent: Agent, store: MemoryStore, session_id: str = "trip", **kwargs: Any) -> ScriptedProvider:
     """Step 1 asks for the weather (saved twice: the call, then its result); step 2 answers and finishes."""
     provider = ScriptedProvider([tool_calls(WEATHER), "Pack sunscreen."])

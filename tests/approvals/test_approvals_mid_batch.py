@@ -252,3 +252,33 @@ def test_define_tool_refuses_an_input_that_is_not_a_pydantic_model() -> None:
 
     with pytest.raises(ConfigurationError, match="BaseModel"):
         define_tool(name="x", description="", input=dict, execute=lambda a, c: None)  # type: ignore[type-var]
+
+
+async def test_two_gated_calls_resolved_days_apart_each_by_a_new_store_and_executor(tmp_path: Any, log: ToolLog) -> None:
+    from lousho.stores.sql import SqliteStore
+
+    db = str(tmp_path / "jobs.db")
+    answers = [BATCH, "done"]
+
+    def fresh() -> tuple[Any, Agent, ScriptedProvider]:  # what another process, days later, would build
+        return SqliteStore(db), gated_agent(log), ScriptedProvider(answers, by_turn=True)
+
+    store, agent, provider = fresh()
+    first = await AgentExecutor.execute(agent=agent, input="buy", provider=provider, session_id="s",
+                                        checkpoint_store=store.checkpoints, approval_store=store.approvals)
+    store.close()
+
+    store, agent, provider = fresh()
+    second = await resume_after_approval({"id": first.approval_id, "approved": True}, store.approvals, agent, provider, {}, store.checkpoints)
+    store.close()
+
+    store, agent, provider = fresh()
+    final = await resume_after_approval({"id": second.approval_id, "approved": True}, store.approvals, agent, provider, {}, store.checkpoints)
+
+    assert (first.finish_reason, second.finish_reason, final.finish_reason) == ("awaiting-approval", "awaiting-approval", "stop")
+    assert tool_results(final.messages) == ["w1", "pay1", "w2", "pay2", "w3"]
+    assert dict(log.runs) == {"w1": 1, "pay1": 1, "w2": 1, "pay2": 1, "w3": 1}
+    stored = store.checkpoints.load("s")
+    assert stored is not None and stored.status == "finished"
+    assert store.approvals.pending() == []
+    store.close()

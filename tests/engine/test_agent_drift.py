@@ -25,6 +25,12 @@ from tests.engine.test_execute_again import Crash, crash_on
 from tests.fixtures.core import ToolLog, charge_tool, weather_tool
 
 
+@pytest.fixture
+def store(any_store: Any) -> Any:
+    """These rules hold on every store (issue #4): each test runs on each built-in store."""
+    return any_store
+
+
 async def crashed(store: MemoryStore, log: ToolLog, agent: Agent) -> ScriptedProvider:
     provider = ScriptedProvider([tool_calls(("c1", "weather", {"city": "a"}), ("c2", "weather", {"city": "b"})), "done"])
     with pytest.raises(Crash):
