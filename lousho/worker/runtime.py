@@ -77,6 +77,13 @@ def _provider_of(entry: Any, default: LLMProvider | None) -> tuple[Agent, LLMPro
         raise ConfigurationError(f"create_app(agents=...) takes Agent or create_agent() objects, not {entry!r}")
     if provider is None:
         raise ConfigurationError(f"agent {agent.name!r} has no provider: pass provider= to create_app or use create_agent")
+    tools = [] if callable(agent.tools) else list(agent.tools)
+    sub_agents = [t.name for t in tools if t.sub_agent is not None]
+    if sub_agents:
+        raise ConfigurationError(
+            f"agent {agent.name!r} has sub-agent tools ({', '.join(sub_agents)}); on the fleet they are not "
+            "supported yet: run this agent in process (create_agent / AgentExecutor)"
+        )
     return agent, provider
 
 

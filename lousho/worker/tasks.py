@@ -7,9 +7,9 @@ import logging
 from typing import Any
 
 from lousho.checkpoint import validate_session_id
-from lousho.errors import SDKError
+from lousho.errors import AgentDriftError, CorruptCheckpointError, ResumeToolMissingError, SDKError
 from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
-from lousho.worker.runtime import FleetRuntime
+from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
 from lousho.worker.tool_task import run_tool_call
 
@@ -18,10 +18,21 @@ __all__ = ["register_tasks"]
 log = logging.getLogger("lousho.worker")
 
 
+# Errors that no retry can fix: the session is parked (listed by `Client.sessions(status="parked")`)
+# instead of being requeued by the reaper forever. Others (a store that is down, a lost lease) are
+# left to the reaper.
+NEEDS_A_HUMAN = (UnknownAgentError, CorruptCheckpointError, ResumeToolMissingError, AgentDriftError)
+
+
 def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
     try:
         validate_session_id(session_id)
-        outcome: str = runtime.run(work(SessionSteps(runtime, session_id)))
+        steps = SessionSteps(runtime, session_id)
+        try:
+            outcome: str = runtime.run(work(steps))
+        except NEEDS_A_HUMAN as exc:
+            steps.park(str(exc))
+            raise
         return outcome
     except SDKError as exc:
         log.error("session %r: %s", str(session_id)[:200], exc)

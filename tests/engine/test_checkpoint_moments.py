@@ -18,6 +18,7 @@ from lousho import (
     define_tool,
 )
 from lousho.providers import ScriptedProvider, tool_calls
+from lousho.providers.base import RetryPolicy
 from lousho.stores.memory import MemoryStore
 from tests.engine.helpers import saves, tool_results
 from tests.fixtures.core import CityArgs, ToolLog, charge_tool, weather_tool
@@ -133,7 +134,8 @@ class FailingProvider(ScriptedProvider):
         return await super().generate(request)
 
 
-async def test_a_provider_error_keeps_the_last_in_progress_checkpoint(store: MemoryStore, agent: Agent) -> None:
+async def test_a_provider_error_keeps_the_last_in_progress_checkpoint(store: MemoryStore, log: ToolLog) -> None:
+    agent = Agent(name="a", model="m", tools=[weather_tool(log)], retry=RetryPolicy(max_attempts=2, base_delay_s=0.01))
     provider = FailingProvider([tool_calls(("c1", "weather", {"city": "x"})), "done"])
     with pytest.raises(ProviderError):
         await AgentExecutor.execute(agent=agent, input="go", provider=provider, session_id="s", checkpoint_store=store.checkpoints)

@@ -1,0 +1,32 @@
+"""Jobs the fleet cannot run are parked with a reason, not retried forever, and the worker keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from lousho import Agent, ConfigurationError, Message
+from lousho.providers import ScriptedProvider
+from lousho.subagents import agent_tool
+from lousho.worker import create_app
+from tests.fleet.conftest import Fleet
+
+
+def test_a_job_for_an_unknown_agent_is_parked_and_the_worker_goes_on(fleet: Fleet) -> None:
+    fleet.script("good", [Message.assistant("fine")])
+    fleet.start_worker()
+
+    fleet.client.enqueue("no-such-agent", "hello", session_id="bad")
+    fleet.client.enqueue("jobs", "hello", session_id="good")
+    fleet.wait_for(["bad"], status="parked", timeout_s=30)
+    fleet.wait_for(["good"], timeout_s=30)
+
+    status = fleet.client.status("bad")
+    assert status.parked_reason is not None and "no agent named 'no-such-agent'" in status.parked_reason
+
+
+def test_an_agent_with_sub_agents_is_refused_by_the_fleet(fleet: Fleet) -> None:
+    helper = Agent(name="helper", model="m")
+    boss = Agent(name="boss", model="m", tools=[agent_tool(helper)])
+
+    with pytest.raises(ConfigurationError, match="sub-agent"):
+        create_app(agents=[boss], store=fleet.store, broker="memory://", provider=ScriptedProvider())
