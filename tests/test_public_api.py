@@ -1,0 +1,51 @@
+"""The exported API (httpx-style): what `lousho` promises to keep, and the engine's independence."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import lousho
+import lousho.providers
+import lousho.scheduler
+import lousho.stores
+import lousho.worker
+
+DESIGN_NAMES = {  # DESIGN.md: 'Public API (keep these names; add freely around them)'
+    "Agent", "define_tool", "ToolContext", "AgentExecutor", "resume_after_approval", "create_agent", "memory_store",
+    "get_checkpoint_history", "compare_trajectories", "Message", "ToolCall", "Usage", "Checkpoint", "RunResult",
+    "ModelRequest", "ModelResponse", "LLMProvider", "SDKError", "SessionAwaitingApprovalError", "ConfigurationError",
+    "PropagatingToolError",
+}
+
+
+def test_the_names_design_promises_are_exported() -> None:
+    assert DESIGN_NAMES <= set(lousho.__all__)
+
+
+def test_every_exported_name_exists() -> None:
+    for module in (lousho, lousho.providers, lousho.stores, lousho.worker, lousho.scheduler):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{module.__name__}.{name}"
+
+
+def test_the_stores_and_fleet_entry_points_are_where_design_says() -> None:
+    from lousho.providers import ScriptedProvider
+    from lousho.scheduler import Client
+    from lousho.stores import FileStore, RedisStore, SqliteStore, SqlStore
+    from lousho.worker import create_app
+
+    assert all(callable(x) for x in (ScriptedProvider, Client, FileStore, RedisStore, SqliteStore, SqlStore, create_app))
+
+
+def test_every_error_is_an_sdk_error_with_a_code() -> None:
+    errors = [getattr(lousho, n) for n in lousho.__all__ if n.endswith("Error") and n != "PropagatingToolError"]
+    for error in errors:
+        assert issubclass(error, lousho.SDKError), error
+        assert error.code.startswith("LOUSHO_"), error
+
+
+def test_the_engine_imports_neither_celery_nor_redis() -> None:
+    probe = "import sys, lousho, lousho.engine, lousho.executor, lousho.agent; print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'redis', 'sqlalchemy')))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
