@@ -31,6 +31,7 @@ __all__ = [
     "RunTools",
     "SendPendingInput",
     "Step",
+    "abortable",
     "append_pending_input",
     "finish",
     "next_step",
@@ -127,7 +128,8 @@ def _unique_call_ids(message: Message, step: int) -> Message:
     return message.model_copy(update={"role": "assistant", "tool_calls": calls})
 
 
-async def _abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
+async def abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
+    """Await `awaitable` unless the signal fires first: then cancel it and raise `RunAborted`."""
     if signal is None:
         return await awaitable
     signal.raise_if_aborted()
@@ -165,7 +167,7 @@ async def take_model_turn(
     )
     request = await call_hook(agent.hook("before_model"), request) or request
     asked = ask_model(provider, request, retry=agent.definition.retry, on_delta=on_delta, on_retry=on_retry)
-    response: ModelResponse = await _abortable(asked, signal)
+    response: ModelResponse = await abortable(asked, signal)
     response = await call_hook(agent.hook("after_model"), response) or response
     message = _unique_call_ids(response.message, step)
     update: dict[str, Any] = {

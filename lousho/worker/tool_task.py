@@ -7,8 +7,9 @@ import asyncio
 import time
 from typing import Any
 
+from lousho.abort import RunAborted
 from lousho.checkpoint import Checkpoint
-from lousho.engine import CANCELLED_RESULT, PlannedCall, plan_tool_call, run_planned_call
+from lousho.engine import CANCELLED_RESULT, PlannedCall, abortable, plan_tool_call, run_planned_call
 from lousho.errors import PropagatingToolError
 from lousho.messages import ToolCall
 from lousho.run import Run
@@ -77,16 +78,10 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
     """Run the tool; if the session is aborted meanwhile, its signal fires and the call is cancelled."""
     if steps.aborted():
         return CANCELLED_RESULT
-    work = asyncio.ensure_future(run_planned_call(plan, run.agent, run._ctx(plan.call)))
-    aborted = asyncio.ensure_future(steps.signal.wait())
     try:
-        await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        aborted.cancel()
-    if not work.done():
-        work.cancel()
+        return await abortable(run_planned_call(plan, run.agent, run._ctx(plan.call)), steps.signal)
+    except RunAborted:
         return CANCELLED_RESULT
-    return work.result()
 
 
 async def fold_when_free(steps: SessionSteps) -> str:
