@@ -120,15 +120,24 @@ class ResolvedAgent:
     def name(self) -> str:
         return self.definition.name
 
+    _fingerprints: dict[str, AgentFingerprint] = field(default_factory=dict, repr=False)
+    _tool_specs: list[ToolSpec] | None = field(default=None, repr=False)
+
     def fingerprint(self, instructions: str | None = None) -> AgentFingerprint:
-        return compute_fingerprint(
-            self.model, self.instructions if instructions is None else instructions, self.tools.values()
-        )
+        """Computed once per instructions text: every save stamps it, so it is on the hot path."""
+        text = self.instructions if instructions is None else instructions
+        if text not in self._fingerprints:
+            self._fingerprints[text] = compute_fingerprint(self.model, text, self.tools.values())
+        return self._fingerprints[text]
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [
-            ToolSpec(name=t.name, description=t.description, parameters=t.json_schema()) for t in self.tools.values()
-        ]
+        """The tools as the model sees them (JSON schemas built once per run, not per turn)."""
+        if self._tool_specs is None:
+            self._tool_specs = [
+                ToolSpec(name=t.name, description=t.description, parameters=t.json_schema())
+                for t in self.tools.values()
+            ]
+        return self._tool_specs
 
     def hook(self, name: str) -> Hook | None:
         hook: Hook | None = getattr(self.definition, name)
