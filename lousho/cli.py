@@ -1,25 +1,198 @@
-"""The `lousho` command."""
+"""The `lousho` command: the demo, a worker, the reaper, and looking at and steering sessions.
+
+Configuration comes from flags and the environment (`lousho.settings.LoushoSettings`):
+`--redis-url` / `LOUSHO_REDIS_URL` / `REDIS_URL`, `--store-url` / `LOUSHO_STORE_URL`,
+`--prefix` / `LOUSHO_PREFIX`, `--queue` / `LOUSHO_QUEUE`. An error prints one line
+(`error: [CODE] message`) on stderr and exits with status 1, never a traceback.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
+import sys
+from types import FrameType
+from typing import Any
 
 import typer
+from pydantic import ValidationError
+from typer.core import TyperGroup
 
-app = typer.Typer(help="lousho: durable LLM agent runs on Celery and Redis.", no_args_is_help=True)
+from lousho.errors import SDKError
+from lousho.settings import LoushoSettings
+
+__all__ = ["app", "main", "settings_of"]
 
 
-@app.command()
-def demo(in_process: bool = typer.Option(True, help="Run the in-process demo (one SQLite file, two processes).")) -> None:
-    """Run a scripted trip planner that is killed mid-run, resumed, and approved."""
-    from lousho.demo.inprocess import run_demo
+class _Group(TyperGroup):
+    """Every command's errors become one line on stderr and exit status 1."""
 
-    asyncio.run(run_demo())
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SDKError as exc:
+            _fail(str(exc))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
+            _fail(f"[LOUSHO_CONFIGURATION] bad settings: {problems}")
+        except Exception as exc:
+            if _is_connection_error(exc):
+                _fail(f"[LOUSHO_STORE_UNAVAILABLE] cannot reach the broker or store: {exc}")
+            raise
+
+
+def _is_connection_error(exc: Exception) -> bool:
+    import kombu.exceptions
+    import redis
+
+    return isinstance(exc, (kombu.exceptions.OperationalError, redis.RedisError, ConnectionError))
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(1)
+
+
+app = typer.Typer(
+    cls=_Group,
+    help="lousho: durable LLM agent runs, in process or on a Celery + Redis fleet.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
 
 
 @app.callback()
-def main_callback() -> None:
+def main_callback(
+    ctx: typer.Context,
+    redis_url: str | None = typer.Option(
+        None, "--redis-url", help="The fleet's Redis (broker and store) (env: LOUSHO_REDIS_URL, REDIS_URL)."
+    ),
+    store_url: str | None = typer.Option(
+        None,
+        "--store-url",
+        help="redis://..., sqlite:///path.db, postgresql://..., file:///dir (env: LOUSHO_STORE_URL).",
+    ),
+    prefix: str | None = typer.Option(
+        None, "--prefix", help="RedisStore key prefix (env: LOUSHO_PREFIX; default lousho:)."
+    ),
+    queue: str | None = typer.Option(None, "--queue", help="Celery queue (env: LOUSHO_QUEUE; default lousho)."),
+) -> None:
     """lousho: durable LLM agent runs."""
+    ctx.obj = LoushoSettings().with_overrides(redis_url=redis_url, store_url=store_url, prefix=prefix, queue=queue)
+
+
+def settings_of(ctx: typer.Context) -> LoushoSettings:
+    settings = ctx.find_root().obj
+    assert isinstance(settings, LoushoSettings)
+    return settings
+
+
+@app.command()
+def demo(
+    in_process: bool = typer.Option(
+        False, "--in-process", help="The in-process demo instead: one SQLite file, two processes."
+    ),
+) -> None:
+    """Trip planners on two workers: one is SIGKILLed mid-run and recovered, bookings approved (private Redis unless REDIS_URL)."""
+    if in_process:
+        from lousho.demo.inprocess import run_demo
+
+        asyncio.run(run_demo())
+        return
+    from lousho.demo.fleet import run_fleet_demo
+
+    outcome = run_fleet_demo()
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    ctx: typer.Context,
+    app_spec: str | None = typer.Option(None, "--app", "-A", help="The Celery app, module:attr (env: LOUSHO_APP)."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", "-c", help="Processes (prefork) per worker; default: one per core."
+    ),
+    pool: str | None = typer.Option(None, "--pool", "-P", help="prefork (default), solo, ..."),
+    hostname: str | None = typer.Option(None, "--hostname", "-n", help="Node name, e.g. worker1@%h."),
+    worker_queue: str | None = typer.Option(
+        None, "--queues", "-Q", help="Queues to consume; default: the app's lousho queue."
+    ),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run a Celery worker for a lousho app: execs `celery -A APP worker` with lousho's flags (extra args go to celery)."""
+    settings = settings_of(ctx)
+    spec = app_spec or settings.app
+    if not spec:
+        _fail(
+            "[LOUSHO_CONFIGURATION] no app: pass --app module:attr or set LOUSHO_APP (e.g. lousho.demo.fleet_app:app)"
+        )
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        str(spec),
+        "worker",
+        "-l",
+        loglevel,
+        "-O",
+        "fair",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+    for flag, value in (("-c", concurrency), ("-P", pool), ("-n", hostname), ("-Q", worker_queue)):
+        if value is not None:
+            command += [flag, str(value)]
+    command += list(ctx.args)
+    sys.stdout.flush()
+    os.execve(sys.executable, command, {**os.environ, **settings.env()})
+
+
+@app.command()
+def reaper(
+    ctx: typer.Context,
+    interval: float | None = typer.Option(
+        None, "--interval", help="Seconds between passes (env: LOUSHO_REAPER_INTERVAL_S)."
+    ),
+    once: bool = typer.Option(False, "--once", help="One pass, then exit (prints the sessions it requeued)."),
+) -> None:
+    """Requeue sessions whose worker went quiet (deadline passed, lease free), until stopped; several at once are safe."""
+    from lousho.scheduler.reaper import reap_once, run_reaper
+
+    settings = settings_of(ctx).with_overrides(reaper_interval_s=interval)
+    client = settings.client()
+    if once:
+        requeued = reap_once(client.store, client.app, client.settings)
+        typer.echo(f"requeued {len(requeued)} session(s){': ' if requeued else ''}{', '.join(requeued)}")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    typer.echo(
+        f"lousho reaper: a pass every {client.settings.reaper_interval_s}s on {client.store!r}, queue {client.settings.queue}",
+        err=True,
+    )
+    try:
+        run_reaper(client.store, client.app, client.settings)
+    except KeyboardInterrupt:
+        typer.echo("lousho reaper: stopped", err=True)
+
+
+def _register() -> None:
+    from lousho import cli_jobs, cli_sessions
+
+    cli_jobs.register(app)
+    cli_sessions.register(app)
+
+
+_register()
 
 
 def main() -> None:

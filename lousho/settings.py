@@ -1,0 +1,143 @@
+"""One settings object for the `lousho` command, the demo and app modules: flags and environment.
+
+| variable | what |
+| - | - |
+| `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise |
+| `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore) |
+| `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
+| `LOUSHO_QUEUE` | the Celery queue (default `lousho`) |
+| `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
+| `LOUSHO_LEASE_TTL_S`, `LOUSHO_REAPER_INTERVAL_S`, `LOUSHO_REQUEUE_BACKOFF_S` | `FleetSettings` |
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from lousho.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from lousho.scheduler.client import Client
+    from lousho.stores.redis import RedisStore
+    from lousho.worker.config import FleetSettings
+
+__all__ = ["LoushoSettings", "store_from_url"]
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+class LoushoSettings(BaseSettings):
+    """Configuration from the environment; the CLI's flags override it field by field."""
+
+    model_config = SettingsConfigDict(env_prefix="LOUSHO_", extra="ignore", populate_by_name=True)
+
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("LOUSHO_REDIS_URL", "REDIS_URL", "redis_url")
+    )
+    store_url: str | None = None
+    prefix: str = "lousho:"
+    queue: str = "lousho"
+    app: str | None = None
+    lease_ttl_s: float = 6.0
+    reaper_interval_s: float = 2.0
+    requeue_backoff_s: float = 30.0
+
+    def with_overrides(self, **values: Any) -> LoushoSettings:
+        """A copy with the given (non-None) values replaced: how flags win over the environment."""
+        return self.model_copy(update={k: v for k, v in values.items() if v is not None})
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that carry these settings to a child process (a worker's app module)."""
+        env = {
+            "LOUSHO_PREFIX": self.prefix,
+            "LOUSHO_QUEUE": self.queue,
+            "LOUSHO_LEASE_TTL_S": str(self.lease_ttl_s),
+            "LOUSHO_REAPER_INTERVAL_S": str(self.reaper_interval_s),
+            "LOUSHO_REQUEUE_BACKOFF_S": str(self.requeue_backoff_s),
+            "LOUSHO_STORE_URL": self.store_url or "",
+        }
+        if self.redis_url:
+            env["LOUSHO_REDIS_URL"] = self.redis_url
+        if self.app:
+            env["LOUSHO_APP"] = self.app
+        return env
+
+    def require_redis_url(self) -> str:
+        """The fleet's Redis: `redis_url`, else a Redis `store_url`."""
+        if not self.redis_url and self.store_url and self.store_url.startswith(_REDIS_SCHEMES):
+            return self.store_url
+        if not self.redis_url:
+            raise ConfigurationError(
+                "no Redis configured: set LOUSHO_REDIS_URL (or REDIS_URL) to a URL such as redis://localhost:6379/0, "
+                "or pass --redis-url"
+            )
+        return self.redis_url
+
+    def fleet_settings(self) -> FleetSettings:
+        from lousho.worker.config import FleetSettings
+
+        return FleetSettings(
+            lease_ttl_s=self.lease_ttl_s,
+            reaper_interval_s=self.reaper_interval_s,
+            requeue_backoff_s=self.requeue_backoff_s,
+            queue=self.queue,
+        )
+
+    def broker(self) -> str:
+        from lousho.worker.config import broker_url
+
+        return broker_url(self.require_redis_url())
+
+    def store(self) -> Any:
+        """The store named by `LOUSHO_STORE_URL`, else the RedisStore on the fleet's Redis."""
+        if self.store_url:
+            return store_from_url(self.store_url, prefix=self.prefix)
+        return self.redis_store()
+
+    def redis_store(self) -> RedisStore:
+        """The fleet's store: a RedisStore (the fleet keeps its leases and in-flight index beside it)."""
+        from lousho.stores.redis import RedisStore
+
+        if self.store_url and not self.store_url.startswith(_REDIS_SCHEMES):
+            raise ConfigurationError(
+                f"the fleet needs a Redis store, but LOUSHO_STORE_URL is {self.store_url!r}; "
+                "unset it (the fleet's Redis is used) or point it at a redis:// URL"
+            )
+        return RedisStore(self.store_url or self.require_redis_url(), prefix=self.prefix)
+
+    def client(self) -> Client:
+        """The web-app `Client` on this configuration (broker and store)."""
+        from lousho.scheduler.client import Client
+
+        return Client(broker=self.broker(), store=self.redis_store(), settings=self.fleet_settings())
+
+
+def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:
+    """A store bundle for a URL: redis:// or unix:// -> RedisStore, sqlite:///path -> SqliteStore,
+    postgresql://... -> SqlStore, file:///dir -> FileStore."""
+    if url.startswith(_REDIS_SCHEMES):
+        from lousho.stores.redis import RedisStore
+
+        return RedisStore(url, prefix=prefix)
+    if url.startswith("sqlite:///"):
+        from lousho.stores.sql import SqliteStore
+
+        return SqliteStore(url[len("sqlite:///") :])
+    if url.startswith(("postgresql://", "postgresql+", "postgres://")):
+        from lousho.stores.sql import SqlStore
+
+        if url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://") :]
+        if url.startswith("postgresql://"):  # psycopg 3 is the driver lousho's postgres extra installs
+            url = "postgresql+psycopg://" + url[len("postgresql://") :]
+        return SqlStore(url)
+    if url.startswith("file://"):
+        from lousho.stores.file import FileStore
+
+        return FileStore(url[len("file://") :] or ".")
+    raise ConfigurationError(
+        f"unknown store URL {url!r}: use redis://host:port/db, sqlite:///path.db, postgresql://user@host/db or file:///dir"
+    )
