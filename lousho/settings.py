@@ -112,7 +112,8 @@ class LoushoSettings(BaseSettings):
         """The web-app `Client` on this configuration (broker and store)."""
         from lousho.scheduler.client import Client
 
-        return Client(broker=self.broker(), store=self.redis_store(), settings=self.fleet_settings())
+        store = self.redis_store()
+        return Client(broker=self.broker(), store=store, settings=self.fleet_settings())
 
 
 def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:

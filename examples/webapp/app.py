@@ -1,0 +1,135 @@
+"""A web app in front of a lousho fleet: enqueue jobs, follow them, and let humans decide approvals.
+
+It talks to the fleet only through `lousho.scheduler.Client` (the broker and the store):
+it imports no agent code, so it deploys apart from the workers and never runs a tool.
+
+    LOUSHO_REDIS_URL=redis://localhost:6379/0 uvicorn examples.webapp.app:app
+
+    POST /jobs                 {"agent": "booker", "input": "...", "session_id": null}  -> 202 {"session_id", "status_url"}
+    GET  /jobs/{id}            the session's status (in-progress, awaiting-approval, finished, parked)
+    POST /jobs/{id}/abort      stop the run (running tools see their signal)
+    GET  /approvals            pending approvals (?session_id=...)
+    POST /approvals/{id}       {"approved": true, "note": "..."}: the fleet continues the run at once
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from lousho.errors import (
+    ApprovalAlreadyResolvedError,
+    ApprovalNotFoundError,
+    InvalidSessionIdError,
+    SDKError,
+    SessionAwaitingApprovalError,
+    StoreUnavailableError,
+)
+from lousho.scheduler import Client, SessionStatus
+from lousho.settings import LoushoSettings
+
+__all__ = ["app", "create_app", "get_client"]
+
+
+class JobIn(BaseModel):
+    agent: str
+    input: str
+    session_id: str | None = None
+
+
+class JobOut(BaseModel):
+    session_id: str
+    status_url: str
+
+
+class ApprovalOut(BaseModel):
+    id: str
+    session_id: str | None
+    tool: str
+    arguments: dict[str, Any]
+    created_at: str
+
+
+class DecisionIn(BaseModel):
+    approved: bool
+    note: str | None = None
+
+
+class DecisionOut(BaseModel):
+    id: str
+    status: str
+    session_id: str | None
+
+
+_STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
+    (ApprovalNotFoundError, 404),
+    (ApprovalAlreadyResolvedError, 409),
+    (SessionAwaitingApprovalError, 409),
+    (InvalidSessionIdError, 422),
+    (StoreUnavailableError, 503),
+]
+
+
+def get_client(request: Request) -> Client:
+    """The app's `Client`: the one given to `create_app`, else one from the environment (`LoushoSettings`)."""
+    client: Client | None = getattr(request.app.state, "client", None)
+    if client is None:
+        client = request.app.state.client = LoushoSettings().client()
+    return client
+
+
+ClientDep = Annotated[Client, Depends(get_client)]
+
+
+def create_app(client: Client | None = None) -> FastAPI:
+    """The app; `client` defaults to one built from the environment on first use."""
+    api = FastAPI(title="lousho jobs", version="1")
+    api.state.client = client
+
+    @api.exception_handler(SDKError)
+    async def sdk_error(request: Request, exc: SDKError) -> JSONResponse:
+        status = next((code for kind, code in _STATUS_OF_ERROR if isinstance(exc, kind)), 400)
+        return JSONResponse(status_code=status, content={"error": exc.code, "detail": exc.args[0]})
+
+    @api.post("/jobs", status_code=202)
+    def enqueue(job: JobIn, client: ClientDep) -> JobOut:
+        session_id = client.enqueue(job.agent, job.input, session_id=job.session_id)
+        return JobOut(session_id=session_id, status_url=f"/jobs/{session_id}")
+
+    @api.get("/jobs/{session_id}")
+    def status(session_id: str, client: ClientDep) -> SessionStatus:
+        found = client.status(session_id)
+        if found.status == "unknown":
+            raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
+        return found
+
+    @api.post("/jobs/{session_id}/abort", status_code=202)
+    def abort(session_id: str, client: ClientDep) -> SessionStatus:
+        client.abort(session_id)
+        return client.status(session_id)
+
+    @api.get("/approvals")
+    def approvals(client: ClientDep, session_id: str | None = None) -> list[ApprovalOut]:
+        return [
+            ApprovalOut(
+                id=a.id,
+                session_id=a.session_id,
+                tool=a.tool_call.name,
+                arguments=a.tool_call.arguments,
+                created_at=a.created_at,
+            )
+            for a in client.approvals(session_id)
+        ]
+
+    @api.post("/approvals/{approval_id}")
+    def decide(approval_id: str, decision: DecisionIn, client: ClientDep) -> DecisionOut:
+        snapshot = client.resolve_approval(approval_id, approved=decision.approved, note=decision.note)
+        return DecisionOut(id=snapshot.id, status=snapshot.status, session_id=snapshot.session_id)
+
+    return api
+
+
+app = create_app()

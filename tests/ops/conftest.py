@@ -1,0 +1,81 @@
+"""Fixtures for the operator-facing parts (CLI, demo, web app, Flower, deploy): the demo's fleet app on a real
+Redis, real worker processes, each test on its own key prefix and queue. Every process started here is ended here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from lousho.scheduler import Client
+from lousho.settings import LoushoSettings
+from lousho.testing.workers import WorkerProcess, start_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+LOUSHO = str(Path(sys.executable).with_name("lousho"))
+"""The `lousho` console script of this interpreter's environment."""
+
+
+@dataclass
+class DemoFleet:
+    settings: LoushoSettings
+    client: Client
+    log_dir: str
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a worker or a `lousho` command needs to see this fleet (tools take 0.05 s)."""
+        return {**self.settings.env(), "LOUSHO_DEMO_TOOL_DELAY_S": "0.05", "PYTHONPATH": str(ROOT)}
+
+    def start_worker(self, app: str = "lousho.demo.fleet_app", **env: str) -> WorkerProcess:
+        worker = start_worker(
+            app,
+            queue=self.settings.queue,
+            name=f"w{len(self.workers) + 1}",
+            env={**self.env, **env},
+            cwd=str(ROOT),
+            log_dir=self.log_dir,
+        )
+        self.workers.append(worker)
+        return worker
+
+    def wait_for(self, session: str, status: str, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.client.status(session).status != status:
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {w.name} ---\n{w.log()[-2000:]}" for w in self.workers)
+                raise AssertionError(f"{session} is {self.client.status(session).status}, not {status}\n{logs}")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def demo_fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[DemoFleet]:
+    queue = f"lousho-test-{uuid.uuid4().hex[:12]}"
+    settings = LoushoSettings(
+        redis_url=redis_url,
+        store_url=None,
+        prefix=redis_prefix,
+        queue=queue,
+        lease_ttl_s=2.0,
+        reaper_interval_s=0.5,
+        requeue_backoff_s=3.0,
+    )
+    fleet = DemoFleet(settings=settings, client=settings.client(), log_dir=str(tmp_path))
+    yield fleet
+    for worker in fleet.workers:
+        worker.kill()
+    redis_client.delete(queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)))
+
+
+def cli_env(fleet: DemoFleet) -> dict[str, str]:
+    """The environment of a `lousho` command run against `fleet` (none of the caller's LOUSHO_ settings)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"}
+    return {**env, **fleet.env}

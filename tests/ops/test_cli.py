@@ -1,0 +1,206 @@
+"""The `lousho` command, driven as a user drives it: CliRunner in process against a real Redis and a real
+worker process, and SQLite/file stores for the commands that only look at runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from lousho import Agent, AgentExecutor, define_tool
+from lousho.cli import app
+from lousho.providers import ScriptedProvider, tool_calls
+from lousho.stores.file import FileStore
+from lousho.stores.sql import SqliteStore
+from tests.ops.conftest import DemoFleet, cli_env
+
+NO_CONFIG = {"LOUSHO_REDIS_URL": None, "REDIS_URL": None, "LOUSHO_STORE_URL": None, "LOUSHO_PREFIX": None}
+
+
+def lousho(*args: str, env: dict[str, Any] | None = None, ok: bool = True) -> Any:
+    result = CliRunner().invoke(app, list(args), env={**NO_CONFIG, **(env or {})})
+    if ok:
+        assert result.exit_code == 0, (args, result.output, result.exception)
+    return result
+
+
+def assert_one_line_error(result: Any, *fragments: str) -> None:
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ["), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
+    assert_one_line_error(lousho("sessions", ok=False), "LOUSHO_CONFIGURATION", "LOUSHO_REDIS_URL")
+    assert_one_line_error(
+        lousho("--redis-url", "redis://127.0.0.1:1/0", "sessions", ok=False), "LOUSHO_STORE_UNAVAILABLE"
+    )
+    assert_one_line_error(lousho("--store-url", "mongodb://x", "sessions", ok=False), "unknown store URL")
+    assert_one_line_error(
+        lousho("sessions", env={"LOUSHO_REDIS_URL": "redis://x", "LOUSHO_LEASE_TTL_S": "soon"}, ok=False), "lease_ttl_s"
+    )
+    sqlite = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert_one_line_error(lousho("--store-url", sqlite, "show", "nope", ok=False), "no session 'nope'")
+    assert_one_line_error(lousho("--store-url", sqlite, "show", "bad/id", ok=False), "LOUSHO_INVALID_SESSION_ID")
+    assert_one_line_error(lousho("--store-url", sqlite, "approve", "appr_nope", ok=False), "appr_nope")
+    assert_one_line_error(lousho("--store-url", sqlite, "enqueue", "a", "hi", ok=False), "needs a Redis store")
+    assert_one_line_error(lousho("worker", ok=False), "--app")
+
+
+class City(BaseModel):
+    city: str
+
+
+class Charge(BaseModel):
+    amount: int
+
+
+AGENT = Agent(
+    name="helper",
+    model="m",
+    instructions="Help.",
+    tools=[
+        define_tool(name="weather", description="w", input=City, execute=lambda a, c: {"city": a.city, "sky": "sun"}),
+        define_tool(
+            name="charge",
+            description="c",
+            input=Charge,
+            execute=lambda a, c: {"charged": a.amount},
+            needs_approval=True,
+        ),
+    ],
+)
+
+
+async def run_local(store: Any, session: str, sky_answer: str = "Sunny.") -> str | None:
+    provider = ScriptedProvider(
+        [tool_calls(("w1", "weather", {"city": "Oslo"})), tool_calls(("c1", "charge", {"amount": 5})), sky_answer],
+        by_turn=True,
+    )
+    result = await AgentExecutor.execute(
+        agent=AGENT,
+        input="weather in Oslo, then charge 5",
+        provider=provider,
+        session_id=session,
+        checkpoint_store=store.checkpoints,
+        approval_store=store.approvals,
+    )
+    return result.approval_id
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+def test_looking_at_runs_in_a_sql_or_file_store(kind: str, tmp_path: Path) -> None:
+    if kind == "sqlite":
+        store: Any = SqliteStore(tmp_path / "jobs.db")
+        url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    else:
+        store = FileStore(tmp_path / "store")
+        url = f"file://{tmp_path / 'store'}"
+    approval = asyncio.run(run_local(store, "chat-1"))  # the CLI runs its own event loop: this test has none
+    env = {"LOUSHO_STORE_URL": url}
+
+    listed = lousho("sessions", env=env).stdout
+    assert "chat-1" in listed and "awaiting-approval" in listed
+    pending = lousho("approvals", env=env).stdout
+    assert approval is not None and approval in pending and "charge" in pending
+    assert "approved" in lousho("approve", approval, "--note", "fine", env=env).stdout
+    assert store.approvals.load(approval).status == "approved"
+
+    shown = lousho("show", "chat-1", env=env).stdout
+    assert "weather" in shown and '"sky": "sun"' in shown
+    history = lousho("history", "chat-1", env=env).stdout
+    assert "awaiting-approval" in history and "history of chat-1" in history
+
+    forked = lousho(
+        "fork",
+        "chat-1",
+        "--from-step",
+        "1",
+        "--tool-result",
+        'w1={"city": "Oslo", "sky": "rain"}',
+        "--new-session-id",
+        "chat-1.rain",
+        env=env,
+    ).stdout
+    assert forked.splitlines()[0] == "chat-1.rain"
+    fork_cp = store.checkpoints.load("chat-1.rain")
+    assert fork_cp is not None and json.loads(fork_cp.messages[-1].content)["sky"] == "rain"
+    compared = lousho("compare", "chat-1", "chat-1.rain", env=env).stdout
+    assert "diverged at step 1" in compared
+
+    bad = lousho("fork", "chat-1", "--from-step", "1", "--tool-result", "w1={not json", env=env, ok=False)
+    assert_one_line_error(bad, "not JSON")
+    assert_one_line_error(
+        lousho("fork", "chat-1", "--from-step", "9", env=env, ok=False), "LOUSHO_CHECKPOINT_NOT_FOUND"
+    )
+
+
+def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFleet) -> None:
+    demo_fleet.start_worker()
+    env = cli_env(demo_fleet)
+
+    out = lousho(
+        "enqueue",
+        "trip_planner",
+        "Plan a day in Oslo and book the best restaurant.",
+        "--session",
+        "trip-oslo",
+        "--wait",
+        env=env,
+    ).stdout.splitlines()
+    assert out[0] == "trip-oslo"
+    assert out[1].startswith("awaiting-approval approval=appr_"), out
+    approval = out[1].split("approval=")[1].split()[0]
+    pending = lousho("approvals", env=env).stdout
+    assert approval in pending and "book_table" in pending and "trip-oslo" in pending
+    assert lousho("approve", approval, "--note", "go", env=env).stdout.startswith(f"approved {approval}")
+    demo_fleet.wait_for("trip-oslo", "finished")
+
+    listed = lousho("sessions", "--status", "finished", env=env).stdout
+    assert "trip-oslo" in listed and "trip_planner" in listed
+    shown = lousho("show", "trip-oslo", env=env).stdout
+    assert "Your day in Oslo" in shown and "#oslo_book" in shown
+    history = lousho("history", "trip-oslo", env=env).stdout
+    assert "finished" in history and "awaiting-approval" in history
+
+    forked = lousho(
+        "fork",
+        "trip-oslo",
+        "--from-step",
+        "1",
+        "--tool-result",
+        'oslo_weather={"city": "Oslo", "forecast": "rain"}',
+        "--new-session-id",
+        "trip-oslo.rain",
+        "--run",
+        env=env,
+    ).stdout
+    assert forked.splitlines()[0] == "trip-oslo.rain" and "the fleet runs it now" in forked
+    demo_fleet.wait_for("trip-oslo.rain", "awaiting-approval")
+    fork_approval = demo_fleet.client.status("trip-oslo.rain").approval_id
+    assert fork_approval is not None
+    assert "rejected" in lousho("approve", fork_approval, "--reject", "--note", "too wet", env=env).stdout
+    demo_fleet.wait_for("trip-oslo.rain", "finished")
+    compared = lousho("compare", "trip-oslo", "trip-oslo.rain", env=env).stdout
+    assert "diverged at step 1" in compared and "rain" in compared and "rejected" in compared
+
+    # abort: the run stops before it reaches the booking, and stays in-progress and idle
+    assert (
+        lousho("enqueue", "trip_planner", "Plan a day in Rome.", "--session", "trip-rome", env=env).stdout.strip()
+        == "trip-rome"
+    )
+    assert lousho("abort", "trip-rome", env=env).stdout.startswith("aborted trip-rome")
+    time.sleep(1.5)
+    status = demo_fleet.client.status("trip-rome")
+    assert status.status == "in-progress" and status.aborted
+    assert demo_fleet.client.approvals("trip-rome") == []
+    assert_one_line_error(lousho("abort", "trip-nope", env=env, ok=False), "no session 'trip-nope'")
