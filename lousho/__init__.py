@@ -25,6 +25,7 @@ from lousho.errors import (
 from lousho.events import Event
 from lousho.executor import AgentExecutor, InvalidDecisionError, ResumeOptions, resume_after_approval
 from lousho.fingerprint import AgentFingerprint, Drift
+from lousho.fork import ForkPatch, ForkResult
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
 from lousho.run import AgentDriftWarning, RunResult
@@ -32,8 +33,6 @@ from lousho.stores.memory import memory_store
 from lousho.subagents import agent_tool
 from lousho.tools import Tool, ToolContext, define_tool
 from lousho.trajectory import (
-    ForkPatch,
-    ForkResult,
     TrajectoryComparison,
     TrajectoryDrift,
     TrajectoryStep,

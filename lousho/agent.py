@@ -24,10 +24,11 @@ from lousho.definition import Agent, Hook
 from lousho.errors import ConfigurationError
 from lousho.events import Event, EventSink, FinishedEvent
 from lousho.executor import AgentExecutor, InputLike, ResumeOptions, resume_after_approval
+from lousho.fork import ForkPatch, ForkResult, fork
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, RunResult
 from lousho.tools import Tool
-from lousho.trajectory import ForkPatch, ForkResult, TrajectoryComparison, compare_trajectories, fork
+from lousho.trajectory import TrajectoryComparison, compare_trajectories
 
 __all__ = ["AgentApprovals", "AgentSession", "DurableAgent", "EventStream", "create_agent"]
 

@@ -19,13 +19,13 @@ from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate
 from lousho.definition import Agent
 from lousho.errors import ConfigurationError, SessionAwaitingApprovalError
 from lousho.events import EventSink
+from lousho.fork import ForkPatch, ForkResult
+from lousho.fork import fork as _fork
 from lousho.inputs import add_input_to_unfinished, continue_finished, start_session
 from lousho.messages import Message, as_messages
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, Run, RunResult
 from lousho.tools import Tool
-from lousho.trajectory import ForkPatch, ForkResult
-from lousho.trajectory import fork as _fork
 
 __all__ = ["AgentExecutor", "InvalidDecisionError", "ResumeOptions", "resume_after_approval"]
 

@@ -1,0 +1,91 @@
+"""`SqlApprovalStore`: approval snapshots in SQL; `decide` is a conditional UPDATE, so exactly one caller wins."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
+from lousho.stores.sql_database import SqlDatabase
+
+__all__ = ["SqlApprovalStore"]
+
+
+class SqlApprovalStore:
+    """Approval snapshots by id; `decide` is a conditional UPDATE, so exactly one caller wins."""
+
+    def __init__(self, db: SqlDatabase) -> None:
+        self._db = db
+
+    def save(self, snapshot: ApprovalSnapshot) -> None:
+        values = {
+            "id": snapshot.id,
+            "session_id": snapshot.session_id,
+            "status": snapshot.status,
+            "created_at": snapshot.created_at,
+            "data": snapshot.model_dump_json(),
+        }
+        with self._db.write() as conn:
+            conn.execute(self._db.upsert(self._db.approvals, "id", values))
+
+    def load(self, approval_id: str) -> ApprovalSnapshot | None:
+        with self._db.read() as conn:
+            return self._load(conn, approval_id)
+
+    def _load(self, conn: Connection, approval_id: str) -> ApprovalSnapshot | None:
+        table = self._db.approvals
+        found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
+        return None if found is None else _decode_snapshot(approval_id, found)
+
+    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        table = self._db.approvals
+        with self._db.write() as conn:
+            snapshot = self._load(conn, approval_id)
+            if snapshot is None:
+                raise ApprovalNotFoundError(f"no approval {approval_id!r} in {self._db.label}; check the id and store")
+            if snapshot.status != "pending":
+                raise _already_resolved(snapshot)
+            status = "approved" if approved else "rejected"
+            decided = snapshot.model_copy(update={"status": status, "note": note, "decided_at": utc_now()})
+            pending = sa.and_(table.c.id == approval_id, table.c.status == "pending")
+            updated = conn.execute(table.update().where(pending).values(status=status, data=decided.model_dump_json()))
+            if updated.rowcount != 1:  # PostgreSQL: another transaction decided it after our read
+                raise _already_resolved(self._load(conn, approval_id) or snapshot)
+        return decided
+
+    def reopen(self, approval_id: str) -> None:
+        """Put a decided approval back to pending; an unknown id is left alone."""
+        table = self._db.approvals
+        with self._db.write() as conn:
+            snapshot = self._load(conn, approval_id)
+            if snapshot is not None:
+                reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
+                values = {"status": "pending", "data": reopened.model_dump_json()}
+                conn.execute(table.update().where(table.c.id == approval_id).values(**values))
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first."""
+        table = self._db.approvals
+        query = sa.select(table.c.id, table.c.data).where(table.c.status == "pending")
+        if session_id is not None:
+            query = query.where(table.c.session_id == session_id)
+        with self._db.read() as conn:
+            rows = conn.execute(query.order_by(table.c.created_at, table.c.id)).all()
+        return [_decode_snapshot(approval_id, data) for approval_id, data in rows]
+
+
+def _decode_snapshot(approval_id: str, raw: str) -> ApprovalSnapshot:
+    try:
+        return ApprovalSnapshot.model_validate_json(raw)
+    except ValueError as error:
+        raise SDKError(
+            f"the stored approval {approval_id!r} cannot be read ({error}); it was left as it is",
+            code="LOUSHO_APPROVAL_CORRUPT",
+        ) from None
+
+
+def _already_resolved(snapshot: ApprovalSnapshot) -> ApprovalAlreadyResolvedError:
+    return ApprovalAlreadyResolvedError(
+        f"approval {snapshot.id!r} was already {snapshot.status} at {snapshot.decided_at}; it is not run again"
+    )

@@ -1,0 +1,191 @@
+"""What the SQL store's parts share: the tables, the engine, transactions and error translation.
+
+Tables (created on first use; `checkpoint_history` is added to a database written
+before history existed): `lousho_checkpoints` (latest checkpoint per session),
+`checkpoint_history` (the newest `history_limit` saves per session) and
+`lousho_approvals`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event, exc
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection, Engine
+
+from lousho.errors import ConfigurationError, StoreUnavailableError
+
+__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+_WRITE = "lousho_write"
+"""Execution option of a connection whose transaction writes (BEGIN IMMEDIATE on SQLite)."""
+
+
+def tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
+    """The three tables, in `schema` when given (PostgreSQL)."""
+    meta = sa.MetaData(schema=schema)
+    checkpoints = sa.Table(
+        "lousho_checkpoints",
+        meta,
+        sa.Column("session_id", sa.String(200), primary_key=True),
+        sa.Column("version", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(32), nullable=False),
+        sa.Column("updated_at", sa.DateTime, nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Index("ix_lousho_checkpoints_status", "status", "updated_at"),
+    )
+    history = sa.Table(
+        "checkpoint_history",
+        meta,
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+        sa.Column("session_id", sa.String(200), nullable=False),
+        sa.Column("step", sa.Integer, nullable=False),
+        sa.Column("status", sa.String(32), nullable=False),
+        sa.Column("saved_at", sa.DateTime, nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Index("ix_checkpoint_history_session", "session_id", "id"),
+        sa.Index("ix_checkpoint_history_saved_at", "saved_at"),
+    )
+    approvals = sa.Table(
+        "lousho_approvals",
+        meta,
+        sa.Column("id", sa.String(200), primary_key=True),
+        sa.Column("session_id", sa.String(200), nullable=True),
+        sa.Column("status", sa.String(16), nullable=False),
+        sa.Column("created_at", sa.String(64), nullable=False),
+        sa.Column("data", sa.Text, nullable=False),
+        sa.Index("ix_lousho_approvals_pending", "status", "session_id"),
+    )
+    return meta, checkpoints, history, approvals
+
+
+def naive_utc_now() -> datetime:
+    """Naive UTC: what both SQLite and a PostgreSQL `timestamp` column store without conversion."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def cutoff_time(older_than: datetime | timedelta) -> datetime:
+    if isinstance(older_than, timedelta):
+        return naive_utc_now() - older_than
+    if older_than.tzinfo is not None:
+        return older_than.astimezone(UTC).replace(tzinfo=None)
+    return older_than
+
+
+def _sqlite_listeners(engine: Engine) -> None:
+    """WAL, a busy timeout and our own BEGIN on every connection, so processes can share one file.
+
+    sqlite3's own transaction handling skips BEGIN before SELECT, which would make a
+    read-then-write unsafe; we emit BEGIN (IMMEDIATE for writes, so a writer waits for
+    the lock up front instead of failing when it upgrades a read).
+    """
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+class SqlDatabase:
+    """One engine, the tables, lazy creation and the translation of driver errors."""
+
+    def __init__(self, url: str | sa.URL, schema: str | None, engine_kwargs: dict[str, Any] | None) -> None:
+        try:
+            self.url = sa.make_url(url)
+        except exc.ArgumentError:  # its message repeats the URL, password included
+            raise ConfigurationError("not a database URL: use dialect+driver://user:password@host/database") from None
+        self.label = self.url.render_as_string(hide_password=True)
+        self.schema = schema
+        self.meta, self.checkpoints, self.history, self.approvals = tables(schema)
+        self.engine = self._create_engine(dict(engine_kwargs or {}))
+        self._ready = False
+        self._ready_lock = threading.Lock()
+
+    def _create_engine(self, kwargs: dict[str, Any]) -> Engine:
+        backend = self.url.get_backend_name()
+        if backend not in ("sqlite", "postgresql"):
+            raise ConfigurationError(f"SqlStore supports SQLite and PostgreSQL, not {backend} ({self.label})")
+        kwargs.setdefault("pool_pre_ping", True)
+        if backend == "postgresql":
+            kwargs.setdefault("connect_args", {}).setdefault("connect_timeout", 10)
+        try:
+            engine = sa.create_engine(self.url, **kwargs)
+        except (ImportError, exc.NoSuchModuleError) as error:
+            raise ConfigurationError(f"cannot use {self.label}: {error}; install lousho[postgres] (psycopg)") from None
+        if backend == "sqlite":
+            _sqlite_listeners(engine)
+        return engine
+
+    @contextmanager
+    def translate(self) -> Iterator[None]:
+        """Driver errors become `StoreUnavailableError` naming the database (never its password)."""
+        try:
+            yield
+        except exc.IntegrityError:
+            raise
+        except exc.SQLAlchemyError as error:
+            orig = getattr(error, "orig", None)
+            detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
+            if self.url.password:
+                detail = detail.replace(str(self.url.password), "***")
+            raise StoreUnavailableError(
+                f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
+            ) from error
+
+    def ensure_tables(self) -> None:
+        """Create what is missing (all tables on a new database, `checkpoint_history` on an old one)."""
+        if self._ready:
+            return
+        with self._ready_lock, self.translate():
+            if self._ready:
+                return
+            try:
+                self._create_missing()
+            except exc.IntegrityError:  # PostgreSQL: another process created the same table at the same moment
+                self._create_missing()
+            self._ready = True
+
+    def _create_missing(self) -> None:
+        with self.engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+            if self.schema and self.engine.dialect.name == "postgresql":
+                conn.execute(sa.schema.CreateSchema(self.schema, if_not_exists=True))
+            for table in self.meta.sorted_tables:
+                conn.execute(sa.schema.CreateTable(table, if_not_exists=True))
+                for index in table.indexes:
+                    conn.execute(sa.schema.CreateIndex(index, if_not_exists=True))
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), committed when the block ends."""
+        self.ensure_tables()
+        with self.translate(), self.engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        self.ensure_tables()
+        with self.translate(), self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    def upsert(self, table: sa.Table, key: str, values: dict[str, Any]) -> Any:
+        """INSERT ... ON CONFLICT DO UPDATE in either dialect."""
+        insert = pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert
+        statement = insert(table).values(**values)
+        return statement.on_conflict_do_update(
+            index_elements=[key], set_={k: statement.excluded[k] for k in values if k != key}
+        )
