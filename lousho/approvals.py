@@ -11,13 +11,14 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lousho.checkpoint import Checkpoint
+from lousho.errors import CorruptApprovalError
 from lousho.fingerprint import AgentFingerprint
 from lousho.messages import ToolCall
 
-__all__ = ["ApprovalDecision", "ApprovalSnapshot", "ApprovalState", "ApprovalStore", "utc_now"]
+__all__ = ["ApprovalDecision", "ApprovalSnapshot", "ApprovalState", "ApprovalStore", "decode_snapshot", "utc_now"]
 
 ApprovalState = Literal["pending", "approved", "rejected"]
 
@@ -93,3 +94,13 @@ class ApprovalStore(Protocol):
 
     def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot] | Awaitable[list[ApprovalSnapshot]]:
         """Approvals still waiting for a decision, oldest first."""
+
+
+def decode_snapshot(approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
+    """Read a stored snapshot, or raise `CorruptApprovalError` (the stored value is left as it is)."""
+    try:
+        return ApprovalSnapshot.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CorruptApprovalError(
+            f"the stored approval {approval_id!r} cannot be read ({exc.errors()[0]['msg']}); it was left as it is"
+        ) from exc

@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointConflictError",
     "CheckpointNotFoundError",
     "ConfigurationError",
+    "CorruptApprovalError",
     "CorruptCheckpointError",
     "InvalidSessionIdError",
     "LeaseLostError",
@@ -96,6 +97,12 @@ class CorruptCheckpointError(SDKError):
         )
         self.session_id = session_id
         self.problem = problem
+
+
+class CorruptApprovalError(SDKError):
+    """A stored approval snapshot that cannot be read; it is left as it is."""
+
+    code = "LOUSHO_APPROVAL_CORRUPT"
 
 
 class CheckpointConflictError(SDKError):

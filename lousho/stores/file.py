@@ -29,7 +29,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError, StoreUnavailableError
 
@@ -264,7 +264,7 @@ class FileApprovalStore:
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with self._folder.translate():
             raw = _read(self._path(approval_id))
-        return None if raw is None else _decode_snapshot(approval_id, raw)
+        return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         with self._folder.locked(f"approval-{_file_name(approval_id)}"):
@@ -299,19 +299,9 @@ class FileApprovalStore:
                 (name, _read(self._folder.approvals / f"{name}.json"))
                 for name in self._folder.names(self._folder.approvals)
             ]
-        snapshots = [_decode_snapshot(name, raw) for name, raw in raws if raw is not None]
+        snapshots = [decode_snapshot(name, raw) for name, raw in raws if raw is not None]
         waiting = [s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)]
         return sorted(waiting, key=lambda s: (s.created_at, s.id))
-
-
-def _decode_snapshot(approval_id: str, raw: bytes) -> ApprovalSnapshot:
-    try:
-        return ApprovalSnapshot.model_validate_json(raw)
-    except ValueError as error:
-        raise SDKError(
-            f"the stored approval {approval_id!r} cannot be read ({error}); it was left as it is",
-            code="LOUSHO_APPROVAL_CORRUPT",
-        ) from None
 
 
 class FileStore:

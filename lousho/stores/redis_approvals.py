@@ -16,10 +16,9 @@ from datetime import datetime
 from typing import cast
 
 import redis
-from pydantic import ValidationError
 
-from lousho.approvals import ApprovalSnapshot, utc_now
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
 
 __all__ = ["RedisApprovalStore"]
@@ -45,7 +44,7 @@ class RedisApprovalStore:
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with redis_errors(self.client, f"load approval {approval_id!r}"):
             raw = cast(bytes | str | None, self.client.get(self.keys.approval(approval_id)))
-        return None if raw is None else _decode(approval_id, raw)
+        return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         """Move a pending approval to approved/rejected; a second decision raises, whoever made it."""
@@ -82,7 +81,7 @@ class RedisApprovalStore:
                 chunk = ids[start : start + _MGET_CHUNK]
                 values = cast(list[bytes | str | None], self.client.mget([self.keys.approval(i) for i in chunk]))
                 raws.extend(zip(chunk, values, strict=True))
-        snapshots = [_decode(i, raw) for i, raw in raws if raw is not None]
+        snapshots = [decode_snapshot(i, raw) for i, raw in raws if raw is not None]
         return sorted(
             (s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)),
             key=lambda s: s.created_at,
@@ -101,7 +100,7 @@ class RedisApprovalStore:
                     if raw is None:
                         pipe.unwatch()
                         return None
-                    changed = change(_decode(approval_id, raw))
+                    changed = change(decode_snapshot(approval_id, raw))
                     pipe.multi()
                     self._queue_write(pipe, changed)
                     pipe.execute()
@@ -123,13 +122,3 @@ def _created_ms(snapshot: ApprovalSnapshot) -> int:
         return int(datetime.fromisoformat(snapshot.created_at).timestamp() * 1000)
     except ValueError:
         return 0
-
-
-def _decode(approval_id: str, raw: bytes | str) -> ApprovalSnapshot:
-    try:
-        return ApprovalSnapshot.model_validate_json(raw)
-    except ValidationError as exc:
-        raise SDKError(
-            f"the stored approval {approval_id!r} cannot be read ({exc.errors()[0]['msg']}); it was left as it is",
-            code="LOUSHO_APPROVAL_CORRUPT",
-        ) from exc

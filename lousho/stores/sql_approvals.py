@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from lousho.approvals import ApprovalSnapshot, utc_now
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.sql_database import SqlDatabase
 
 __all__ = ["SqlApprovalStore"]
@@ -36,7 +36,7 @@ class SqlApprovalStore:
     def _load(self, conn: Connection, approval_id: str) -> ApprovalSnapshot | None:
         table = self._db.approvals
         found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
-        return None if found is None else _decode_snapshot(approval_id, found)
+        return None if found is None else decode_snapshot(approval_id, found)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         table = self._db.approvals
@@ -72,17 +72,7 @@ class SqlApprovalStore:
             query = query.where(table.c.session_id == session_id)
         with self._db.read() as conn:
             rows = conn.execute(query.order_by(table.c.created_at, table.c.id)).all()
-        return [_decode_snapshot(approval_id, data) for approval_id, data in rows]
-
-
-def _decode_snapshot(approval_id: str, raw: str) -> ApprovalSnapshot:
-    try:
-        return ApprovalSnapshot.model_validate_json(raw)
-    except ValueError as error:
-        raise SDKError(
-            f"the stored approval {approval_id!r} cannot be read ({error}); it was left as it is",
-            code="LOUSHO_APPROVAL_CORRUPT",
-        ) from None
+        return [decode_snapshot(approval_id, data) for approval_id, data in rows]
 
 
 def _already_resolved(snapshot: ApprovalSnapshot) -> ApprovalAlreadyResolvedError:
