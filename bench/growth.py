@@ -1,0 +1,282 @@
+"""4. Cost growth: checkpoint save time and bytes stored per session at steps 10, 100 and 500.
+
+The transcript is `bench.redis_store`'s: a system and a user message, then one ~1 KB message
+per step (an assistant turn asking for a tool, then its result, alternating); each save is
+one message longer. Every store keeps its default history ring (50 entries).
+
+- Save time at step N: each repeat is a fresh session saved step by step; it contributes the
+  median of its saves at steps N-2..N+2 (a single save is at the mercy of one Lua GC step or
+  one fsync). Reported: median (min-max) over repeats.
+- FileStore rewrites its whole history file (50 whole checkpoints) on every save, so saving
+  500 steps one by one writes ~6 GB; its session is instead brought to step N-3 in one go
+  (latest file and history file written with exactly what its own saves would have left),
+  and then saved step by step.
+- Bytes per session: what the store holds for the session right after the save of step N:
+  memory store: the JSON it keeps; SQLite: pages in use ((page_count - freelist_count) x
+  page_size, one database file per session, WAL checkpointed); files: their sizes; Redis: the
+  sum of MEMORY USAGE of the session's keys.
+- Naive baselines: the whole checkpoint JSON to SQLite (upsert latest + insert history row +
+  trim the ring, one transaction) and to Redis (SET + LPUSH + LTRIM, MULTI).
+- LangGraph SqliteSaver: a graph that appends the same messages (a model node, then a tool
+  node, one message per super-step), run to N super-steps on a fresh file; its pages in use,
+  and the time per super-step around N (durability="sync", so the save is inside the step).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.common import delete_prefix, isolated, stats, why_not
+from bench.redis_store import HISTORY_LIMIT, Naive, checkpoints, message
+from lousho.approvals import utc_now
+from lousho.checkpoint import Checkpoint
+from lousho.stores import FileStore, RedisStore, SqliteStore, memory_store
+
+STEPS = (10, 100, 500)
+SIZE = 1000
+WINDOW = 2  # saves timed: N-2..N+2
+
+
+def sqlite_bytes(path: str | Path) -> int:
+    """Bytes of pages in use in a SQLite file, after moving its WAL into it."""
+    connection = sqlite3.connect(str(path))
+    try:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        pages, free, size = (
+            connection.execute(f"PRAGMA {name}").fetchone()[0] for name in ("page_count", "freelist_count", "page_size")
+        )
+        return int((pages - free) * size)
+    finally:
+        connection.close()
+
+
+def redis_bytes(client: redis.Redis, pattern: str) -> int:
+    return sum(int(client.memory_usage(key, samples=0) or 0) for key in client.scan_iter(match=pattern, count=1000))
+
+
+class NaiveSqlite:
+    """The baseline on SQLite: the whole checkpoint JSON as the latest row and as a history row."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.connection = sqlite3.connect(path, isolation_level=None)
+        self.connection.execute("PRAGMA journal_mode = WAL")
+        self.connection.execute("CREATE TABLE latest (session TEXT PRIMARY KEY, version INT, data TEXT)")
+        self.connection.execute("CREATE TABLE history (id INTEGER PRIMARY KEY, session TEXT, data TEXT)")
+        self.connection.execute("CREATE INDEX history_session ON history (session, id)")
+
+    def save(self, session: str, checkpoint: Checkpoint) -> None:
+        raw = checkpoint.model_dump_json()
+        run = self.connection.execute
+        run("BEGIN IMMEDIATE")
+        run("INSERT OR REPLACE INTO latest VALUES (?, ?, ?)", (session, checkpoint.version, raw))
+        run("INSERT INTO history (session, data) VALUES (?, ?)", (session, raw))
+        run(
+            "DELETE FROM history WHERE session = ? AND id NOT IN "
+            "(SELECT id FROM history WHERE session = ? ORDER BY id DESC LIMIT ?)",
+            (session, session, HISTORY_LIMIT),
+        )
+        run("COMMIT")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class Target:
+    """One store under test: a fresh session per repeat, its saves, and its bytes for that session."""
+
+    def __init__(self, name: str, folder: Path, client: redis.Redis, prefix: str) -> None:
+        self.name, self.folder, self.client, self.prefix = name, folder, client, prefix
+        self.store: Any = None
+        self.where = folder
+
+    def open(self, session: str) -> None:
+        self.where = where = self.folder / f"{self.name}-{session}"
+        if self.name == "memory":
+            self.store = memory_store().checkpoints
+        elif self.name == "SqliteStore":
+            self.store = SqliteStore(f"{where}.db")
+        elif self.name == "FileStore":
+            self.store = FileStore(where).checkpoints
+        elif self.name == "RedisStore":
+            self.store = RedisStore(self.client, prefix=f"{self.prefix}ours:").checkpoints
+        elif self.name == "naive SQLite":
+            self.store = NaiveSqlite(f"{where}.db")
+        elif self.name == "naive Redis":
+            self.store = Naive(self.client, self.prefix)
+
+    def save(self, session: str, checkpoint: Checkpoint) -> None:
+        target = self.store.checkpoints if self.name == "SqliteStore" else self.store
+        target.save(session, checkpoint)
+
+    def fast_forward(self, session: str, previous: list[Checkpoint]) -> None:
+        """FileStore only: write the two files its saves of `previous` (oldest first) would have left,
+        in its documented layout (`checkpoints/<session>.json`, `checkpoint-history/<session>.json`)."""
+        newest = previous[-HISTORY_LIMIT:][::-1]
+        entries = [{"saved_at": utc_now(), "checkpoint": json.loads(c.model_dump_json())} for c in newest]
+        (self.where / "checkpoints" / f"{session}.json").write_text(previous[-1].model_dump_json())
+        (self.where / "checkpoint-history" / f"{session}.json").write_text(json.dumps({"entries": entries}))
+        history = self.store.history(session)
+        if self.store.load(session) != previous[-1] or [e.step for e in history] != [c.step_index for c in newest]:
+            raise RuntimeError("FileStore's layout changed: bench.growth cannot bring a session forward in one go")
+
+    def bytes(self, session: str) -> int:
+        if self.name == "memory":
+            store = self.store
+            raws = [store._latest[session], *(raw for _, raw in store._history.get(session, ()))]
+            return sum(len(raw.encode()) for raw in raws)
+        if self.name == "SqliteStore":
+            return sqlite_bytes(self.store.path)
+        if self.name == "naive SQLite":
+            return sqlite_bytes(self.store.path)
+        if self.name == "FileStore":
+            files = [
+                self.where / "checkpoints" / f"{session}.json",
+                self.where / "checkpoint-history" / f"{session}.json",
+            ]
+            return sum(path.stat().st_size for path in files)
+        if self.name == "RedisStore":
+            return redis_bytes(self.client, f"{self.prefix}ours:{{{session}}}:*")
+        return redis_bytes(self.client, f"{self.prefix}naive:{session}:*")
+
+    def close(self) -> None:
+        if self.name == "SqliteStore":
+            self.store.checkpoints._db.engine.dispose()
+        elif self.name == "naive SQLite":
+            self.store.close()
+
+
+TARGETS = ["memory", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "naive Redis"]
+
+
+def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
+    """One repeat: the median save time (ms) around each step of STEPS, and the bytes at each step."""
+    times: dict[int, list[float]] = {step: [] for step in STEPS}
+    sizes: dict[int, int] = {}
+    target.open(session)
+    try:
+        if target.name == "FileStore":
+            return file_session(target, session)
+        for checkpoint in checkpoints(session, max(STEPS) + WINDOW, SIZE):
+            step = checkpoint.version
+            near = next((s for s in STEPS if abs(step - s) <= WINDOW), None)
+            if near is None:
+                target.save(session, checkpoint)
+                continue
+            if step == near - WINDOW:
+                gc.collect()  # the harness's garbage is not the store's cost
+            started = time.perf_counter()
+            target.save(session, checkpoint)
+            times[near].append((time.perf_counter() - started) * 1000)
+            if step == near:
+                sizes[step] = target.bytes(session)
+        return {s: statistics.median(v) for s, v in times.items()}, sizes
+    finally:
+        target.close()
+
+
+def file_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
+    times: dict[int, float] = {}
+    sizes: dict[int, int] = {}
+    for step in STEPS:
+        name = f"{session}-{step}"
+        run = list(checkpoints(name, step + WINDOW, SIZE))
+        target.fast_forward(name, run[: step - WINDOW - 1])
+        saved: list[float] = []
+        gc.collect()
+        for checkpoint in run[step - WINDOW - 1 :]:
+            started = time.perf_counter()
+            target.save(name, checkpoint)
+            saved.append((time.perf_counter() - started) * 1000)
+            if checkpoint.version == step:
+                sizes[step] = target.bytes(name)
+        times[step] = statistics.median(saved)
+    return times, sizes
+
+
+def langgraph_growth(steps: list[int]) -> dict[str, Any]:
+    """In a child process: LangGraph's SqliteSaver on the same transcript, a fresh file per N."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+    from langgraph.checkpoint.sqlite import SqliteSaver
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    def as_langchain(step: int) -> Any:
+        ours = message(step, SIZE)
+        if ours.role == "assistant":
+            call = ours.tool_calls[0]
+            return AIMessage(
+                content=ours.content, tool_calls=[{"id": call.id, "name": call.name, "args": call.arguments}]
+            )
+        return ToolMessage(content=ours.content, tool_call_id=ours.tool_call_id, name=ours.name)
+
+    result: dict[str, Any] = {"bytes": {}, "step_ms": {}}
+    with tempfile.TemporaryDirectory(prefix="lousho-bench-") as folder:
+        for last in steps:
+
+            def node(state: MessagesState) -> dict[str, Any]:
+                return {"messages": [as_langchain(len(state["messages"]) - 1)]}
+
+            def route(state: MessagesState, last: int = last, after: str = "") -> str:
+                return END if len(state["messages"]) - 2 >= last else after
+
+            graph = StateGraph(MessagesState)
+            graph.add_node("model", node)
+            graph.add_node("tools", node)
+            graph.add_edge(START, "model")
+            graph.add_conditional_edges("model", lambda s: route(s, after="tools"), ["tools", END])
+            graph.add_conditional_edges("tools", lambda s: route(s, after="model"), ["model", END])
+            path = os.path.join(folder, f"lg-{last}.db")
+            connection = sqlite3.connect(path, check_same_thread=False)
+            app = graph.compile(checkpointer=SqliteSaver(connection))
+            start = [SystemMessage("You are a careful research assistant."), HumanMessage("Find it.")]
+            config = {"configurable": {"thread_id": "t"}, "recursion_limit": last + 10}
+            gaps, before = [], time.perf_counter()
+            for _ in app.stream({"messages": start}, config, stream_mode="updates", durability="sync"):
+                now = time.perf_counter()
+                gaps.append((now - before) * 1000)
+                before = now
+            connection.close()
+            assert len(gaps) == last, len(gaps)
+            result["bytes"][str(last)] = sqlite_bytes(path)
+            # the gap before update k holds super-step k and the save of super-step k-1
+            result["step_ms"][str(last)] = statistics.median(gaps[max(0, last - 1 - 2 * WINDOW) :])
+    return result
+
+
+def run(repeats: int, client: redis.Redis) -> dict[str, Any]:
+    prefix = f"lousho-bench-{uuid.uuid4().hex[:8]}:"
+    result: dict[str, Any] = {"steps": list(STEPS), "repeats": repeats, "message_bytes": SIZE, "stores": {}}
+    with tempfile.TemporaryDirectory(prefix="lousho-bench-") as folder:
+        try:
+            for name in TARGETS:
+                target = Target(name, Path(folder), client, prefix)
+                per_step: dict[int, list[float]] = {s: [] for s in STEPS}
+                sizes: dict[int, int] = {}
+                for repeat in range(repeats):
+                    times, sizes = one_session(target, f"g{repeat}")
+                    for step, ms in times.items():
+                        per_step[step].append(ms)
+                delete_prefix(client, prefix)
+                result["stores"][name] = {
+                    "save_ms": {str(s): stats(v) for s, v in per_step.items()},
+                    "bytes": {str(s): b for s, b in sizes.items()},
+                    "ratio": statistics.median(per_step[max(STEPS)]) / statistics.median(per_step[min(STEPS)]),
+                }
+        finally:
+            delete_prefix(client, prefix)
+    try:
+        result["langgraph"] = isolated("bench.growth:langgraph_growth", steps=list(STEPS))
+    except RuntimeError as exc:
+        result["langgraph"] = {"error": why_not(exc)}
+    return result

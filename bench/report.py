@@ -1,0 +1,371 @@
+"""The markdown of `python -m bench`: docs/bench/README.md (every table) and summary.md (a snippet)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.common import fmt
+from bench.inprocess import ROWS
+
+NOT_RUN = "_Not run in this invocation (`--only`)._"
+
+
+def ran(section: Any) -> bool:
+    """The part ran and has figures (it was not skipped, and did not fail)."""
+    return section is not None and not (isinstance(section, dict) and "error" in section)
+
+
+def _skipped(lines: list[str], section: Any) -> list[str] | None:
+    """The lines of a part with no figures: not run, or failed and why."""
+    if section is None:
+        return [*lines, NOT_RUN, ""]
+    if not ran(section):
+        return [*lines, f"**Failed**: {section['error']}", ""]
+    return None
+
+
+def _ratio(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
+def _met(ok: bool | None) -> str:
+    return "-" if ok is None else ("yes" if ok else "**no**")
+
+
+def _median(stat: dict[str, Any] | None) -> float | None:
+    return None if not stat else float(stat["median"])
+
+
+def _langgraph_sqlite_overhead(section: dict[str, Any]) -> float | None:
+    found = section["frameworks"].get("LangGraph", {})
+    return _median(found.get("overhead", {}).get("SqliteSaver"))
+
+
+def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """(goal, what was measured, met?) for each goal whose section ran."""
+    rows: list[tuple[str, str, bool | None]] = []
+    overhead = results.get("overhead")
+    if ran(overhead):
+        reference = _langgraph_sqlite_overhead(overhead)
+        ours = overhead["frameworks"].get("lousho", {}).get("overhead", {})
+        for variant, label in (("sqlite", "SqliteStore"), ("redis", "RedisStore")):
+            value = _median(ours.get(variant))
+            if value is None:
+                continue
+            if reference:
+                measured = f"{value:.2f} ms vs {reference:.2f} ms = {value / reference:.2f}x"
+                rows.append(
+                    (f"{label} overhead per step <= 0.5x LangGraph SqliteSaver's", measured, value / reference <= 0.5)
+                )
+            else:
+                rows.append(
+                    (
+                        f"{label} overhead per step <= 0.5x LangGraph SqliteSaver's",
+                        f"{value:.2f} ms (LangGraph did not run)",
+                        None,
+                    )
+                )
+    latency = results.get("latency")
+    if ran(latency):
+        ratio = latency["ratio"]["median"]
+        rows.append(
+            (
+                "fleet per-step latency <= 1.5x the bare Celery hop",
+                f"{latency['per_hop_ms']['lousho']['median']:.2f} ms vs {latency['per_hop_ms']['floor']['median']:.2f}"
+                f" ms = {ratio:.2f}x",
+                ratio <= 1.5,
+            )
+        )
+    growth = results.get("growth")
+    if ran(growth):
+        for name, store in growth["stores"].items():
+            if name.startswith("naive"):
+                continue
+            rows.append(
+                (f"{name}: save time flat, step 500 / step 10 <= 1.5x", f"{store['ratio']:.2f}x", store["ratio"] <= 1.5)
+            )
+    for row in results["recovery"] if ran(results.get("recovery")) else []:
+        measured = row["call_again_s"]
+        within = measured["max"] <= row["bound_s"] and (row["lease_ttl_s"] != 6.0 or measured["max"] < 10)
+        rows.append(
+            (
+                f"recovery, {row['name']}: <= lease + reaper = {row['bound_s']:g} s"
+                + (" (and < 10 s)" if row["lease_ttl_s"] == 6.0 else ""),
+                f"{fmt(measured, 2, ' s')} until the killed call runs again",
+                within,
+            )
+        )
+    return rows
+
+
+def overhead_section(section: dict[str, Any] | None) -> list[str]:
+    lines = ["## 1. Per-step overhead of durability, in process", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    reference = _langgraph_sqlite_overhead(section)
+    lines += [
+        f"A {section['turns']}-turn tool loop: each turn the model (a zero-latency script) asks for one trivial tool "
+        "call, the tool returns a tiny dict; then a final answer. **One step = one turn = a model call + its tool "
+        "call** (two durable records in each framework). ms per step = run time / turns; overhead = time with "
+        f"durability - time without, in the same framework, paired repeat by repeat. Median (min-max) of "
+        f"{section['repeats']} repeats.",
+        "",
+        "| framework | durability | ms per step | overhead, ms per step | overhead / LangGraph SqliteSaver's |",
+        "| - | - | - | - | - |",
+    ]
+    frameworks = section["frameworks"]
+    for framework, variant, label in ROWS:
+        found = frameworks.get(framework, {})
+        if "error" in found:
+            lines.append(f"| {framework} | {label} | {found['error']} | | |")
+            continue
+        absolute = found.get("absolute", {}).get(variant)
+        extra = found.get("overhead", {}).get(variant)
+        ratio = _ratio(_median(extra) / reference) if extra and reference else "-"
+        lines.append(f"| {framework} | {label} | {fmt(absolute, 3)} | {fmt(extra, 3) if extra else '-'} | {ratio} |")
+    lines += ["", "![per-step overhead](overhead.png)", ""]
+    return lines
+
+
+def latency_section(section: dict[str, Any] | None) -> list[str]:
+    lines = ["## 2. The fleet's per-step latency", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    floor = section["per_hop_ms"]["floor"]["median"]
+    lines += [
+        f"One session of {section['turns']} tool turns on one worker process (solo pool): {section['hops']} task hops "
+        "(each model turn and each tool call is a task), from `Client.enqueue` to the finished save; against the "
+        f"floor, a chain of {section['hops']} bare Celery tasks each enqueuing the next (same broker, same settings: "
+        f"JSON, acks_late, prefetch 1, solo). Alternating, {section['repeats']} repeats each.",
+        "",
+        "| | ms per task hop | ms per turn (model turn + tool call) | x floor |",
+        "| - | - | - | - |",
+        f"| floor: bare Celery hop | {fmt(section['per_hop_ms']['floor'])} | {2 * floor:.2f} | 1.00x |",
+        f"| lousho | {fmt(section['per_hop_ms']['lousho'])} | {2 * section['per_hop_ms']['lousho']['median']:.2f} | "
+        f"{fmt(section['ratio'], 2, 'x')} |",
+        "",
+        *_commands(section.get("redis_commands_per_hop")),
+        "![fleet latency](fleet_latency.png)",
+        "",
+    ]
+    return lines
+
+
+def _commands(found: dict[str, Any] | None) -> list[str]:
+    if not found:
+        return []
+
+    def top(kind: str) -> str:
+        return ", ".join(f"{name} {count:g}" for name, count in found[kind]["top"].items())
+
+    return [
+        f"Redis commands per task hop (INFO commandstats over one more session, the benchmark's BLPOP and idle "
+        f"workers' polling included): lousho {found['lousho']['total']:.1f} ({top('lousho')}); floor "
+        f"{found['floor']['total']:.1f} ({top('floor')}).",
+        "",
+    ]
+
+
+def throughput_section(section: dict[str, Any] | None) -> list[str]:
+    lines = ["## 3. Throughput", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    lines += [
+        f"{section['sessions']} sessions of {section['turns']} tool turns ({2 * section['turns'] + 1} task hops each, "
+        f"{section['hops']} in all) enqueued at once, until the last finished save; the floor runs as many bare hop "
+        f"chains on as many floor workers. {section['repeats']} repeats. This machine has the cores listed below, "
+        "shared by the workers, Redis and the benchmark.",
+        "",
+        "| worker processes | lousho sessions/s | lousho steps/s | floor steps/s | lousho / floor | lousho sessions "
+        "stalled (requeued by the reaper) |",
+        "| - | - | - | - | - | - |",
+    ]
+    for count, row in sorted(section["by_workers"].items(), key=lambda item: int(item[0])):
+        ours, floor = row["lousho"]["steps_per_s"], row["floor"]["steps_per_s"]
+        lines.append(
+            f"| {count} | {fmt(row['lousho']['sessions_per_s'], 1)} | {fmt(ours, 0)} | {fmt(floor, 0)} | "
+            f"{ours['median'] / floor['median']:.2f}x | {row.get('reaper_requeues', 0)} of "
+            f"{section['sessions'] * section['repeats']} |"
+        )
+    if any(row.get("reaper_requeues") for row in section["by_workers"].values()):
+        lines += ["", STALL_NOTE]
+    lines += ["", "![fleet throughput](fleet_throughput.png)", ""]
+    return lines
+
+
+def growth_section(section: dict[str, Any] | None) -> list[str]:
+    lines = ["## 4. Cost growth", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    steps = section["steps"]
+    lines += [
+        f"One session saved step by step, one ~{section['message_bytes']} B message per step, each store with its "
+        f"default history ring (50). Save time: median over {section['repeats']} sessions of each session's median "
+        "save at steps N-2..N+2. Bytes: what the store holds for that session after the save of step N (see the "
+        "notes). Naive: the whole checkpoint JSON as the latest record and pushed to the ring.",
+        "",
+        "| store | "
+        + " | ".join(f"save ms, step {s}" for s in steps)
+        + f" | step {steps[-1]} / step {steps[0]} | "
+        + " | ".join(f"bytes, step {s}" for s in steps)
+        + " |",
+        "| - " * (2 * len(steps) + 2) + "|",
+    ]
+    for name, store in section["stores"].items():
+        times = " | ".join(fmt(store["save_ms"][str(s)], 3) for s in steps)
+        sizes = " | ".join(f"{store['bytes'][str(s)]:,}" for s in steps)
+        lines.append(f"| {name} | {times} | {store['ratio']:.2f}x | {sizes} |")
+    langgraph = section.get("langgraph", {})
+    if "error" in langgraph:
+        lines.append(f"| LangGraph SqliteSaver | {langgraph['error']} |" + " |" * (2 * len(steps)))
+    else:
+        times = " | ".join(f"{langgraph['step_ms'][str(s)]:.3f} (whole super-step)" for s in steps)
+        ratio = langgraph["step_ms"][str(steps[-1])] / langgraph["step_ms"][str(steps[0])]
+        sizes = " | ".join(f"{langgraph['bytes'][str(s)]:,}" for s in steps)
+        lines.append(f"| LangGraph SqliteSaver (same transcript) | {times} | {ratio:.2f}x | {sizes} |")
+    lines += ["", "![cost growth](growth.png)", ""]
+    return lines
+
+
+def recovery_section(section: Any) -> list[str]:
+    lines = ["## 5. Recovery after a worker is SIGKILLed", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    lines += [
+        "A session's tool call runs long; its worker gets SIGKILL at a random point of the heartbeat period (no "
+        "cleanup, no ack); a second worker runs, and the reaper (`reap_once` every reaper interval, in a thread, "
+        "as `lousho reaper` does). Measured from the kill to the session's next task starting on the other worker "
+        "(the reaper's `advance`) and to the killed call starting again there. A replacement worker is started "
+        "after each repeat, outside the timing.",
+        "",
+        "| settings | lease TTL | reaper interval | bound (lease + reaper) | next task starts | killed call runs "
+        "again | repeats |",
+        "| - | - | - | - | - | - | - |",
+    ]
+    for row in section:
+        lines.append(
+            f"| {row['name']} | {row['lease_ttl_s']:g} s | {row['reaper_interval_s']:g} s | "
+            f"{row['bound_s']:g} s | {fmt(row['next_task_s'], 2, ' s')} | {fmt(row['call_again_s'], 2, ' s')} "
+            f"| {row['repeats']} |"
+        )
+    lines += ["", "![recovery](recovery.png)", ""]
+    return lines
+
+
+STALL_NOTE = (
+    "A stalled session is one whose next model-turn task found the session's lease still held and stood down "
+    "(`busy`): the task that enqueued it (a tool call's fold) sends the next turn before it releases the lease, "
+    "so with several workers the next turn can start before the release. Nothing but the reaper moves such a "
+    "session on, after its in-flight deadline (a lease TTL) passes: each stall costs about lease TTL + reaper "
+    "interval, which is what pulls the figures of several workers down."
+)
+
+NOTES = """## Notes on method
+
+- Every figure is the median of repeated runs with the min-max in brackets; a ratio is taken from medians
+  (the overhead and the latency ratio are paired, repeat by repeat). Absolute times drift from run to run and
+  from machine to machine; compare rows of one run.
+- In process, each framework runs in a fresh process of its own, its variants interleaved repeat by repeat
+  after one untimed warm-up run each. lousho: `AgentExecutor.execute` with `ScriptedProvider(by_turn=True)`
+  and an async tool. LangGraph: `StateGraph(MessagesState)`, a model node, the prebuilt `ToolNode` and
+  `tools_condition`; `SqliteSaver` on a file (its defaults: WAL). Its default durability ("async") writes
+  checkpoints in a background thread while the next step runs; "sync" writes each before the next step, as
+  lousho and DBOS do. DBOS: a `@DBOS.workflow` calling a `@DBOS.step` for the model and one for the tool, on a
+  SQLite system database; its baseline is the same functions called without DBOS.
+- The fleet: real `celery worker --pool=solo` processes (`lousho.testing.workers`), the app in
+  `bench/fleet_app.py` (`ScriptedProvider(by_turn=True)`, zero latency, a trivial tool), `FleetSettings()`.
+  The floor is `bench/floor_app.py` on the same `celery_config`. Times are taken by the workers
+  (`time.time()` at the finished save) against the benchmark's clock at enqueue: one machine, one clock.
+- Cost growth bytes: memory store, the JSON it keeps; SQLite (ours, naive, LangGraph), pages in use after a
+  WAL checkpoint, one file per session; FileStore, its two files; Redis, MEMORY USAGE of the session's keys.
+  FileStore rewrites its whole history file on every save, so its sessions are brought to step N-3 in one
+  write of exactly what its saves would have left, then saved step by step. LangGraph's time is a whole
+  super-step with durability="sync" (node + checkpoint), around step N.
+- Recovery: the bound is lease TTL + reaper interval: the in-flight deadline passes at most a lease TTL after
+  the last heartbeat, and the reaper looks every interval."""
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta = results["meta"]
+    machine = meta["machine"]
+    lines = [
+        "# Benchmarks: lousho against the field",
+        "",
+        f"`python -m bench{' --quick' if meta['mode'] == 'quick' else ''}` ({meta['mode']} mode), "
+        f"{meta['started']} UTC, {meta['elapsed_s']:.0f} s. Machine: {machine['nproc']} CPUs ({machine['cpu']}), "
+        f"{machine['memory']} memory, {machine['os']}. Redis: {meta['redis']}. Package versions at the end.",
+        "",
+        "| goal | measured | met |",
+        "| - | - | - |",
+        *(f"| {goal} | {measured} | {_met(ok)} |" for goal, measured, ok in goals(results)),
+        "",
+        *overhead_section(results.get("overhead")),
+        *latency_section(results.get("latency")),
+        *throughput_section(results.get("throughput")),
+        *growth_section(results.get("growth")),
+        *recovery_section(results.get("recovery")),
+        NOTES,
+        "",
+        "## Versions",
+        "",
+        "| package | version |",
+        "| - | - |",
+        *(f"| {name} | {value} |" for name, value in meta["versions"].items()),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def summary(results: dict[str, Any], folder: str) -> str:
+    """A few lines for the project README, linking one plot."""
+    lines = ["## Benchmarks", ""]
+    overhead = results.get("overhead")
+    if ran(overhead):
+        found = overhead["frameworks"]
+        ours = found.get("lousho", {}).get("overhead", {})
+        langgraph = found.get("LangGraph", {}).get("overhead", {}).get("SqliteSaver")
+        dbos = found.get("DBOS", {}).get("overhead", {}).get("DBOS workflow (SQLite)")
+        parts = [f"RedisStore {fmt(ours.get('redis'))} ms", f"SqliteStore {fmt(ours.get('sqlite'))} ms"]
+        parts += [f"LangGraph SqliteSaver {fmt(langgraph)} ms"] if langgraph else []
+        parts += [f"DBOS on SQLite {fmt(dbos)} ms"] if dbos else []
+        lines.append(f"- Durability costs per agent step (a model call + a tool call), in process: {', '.join(parts)}.")
+    latency = results.get("latency")
+    if ran(latency):
+        lines.append(
+            f"- On the Celery + Redis fleet a step (a model turn or a tool call, each a task) takes "
+            f"{fmt(latency['per_hop_ms']['lousho'])} ms, {latency['ratio']['median']:.1f}x a bare Celery "
+            f"hop ({fmt(latency['per_hop_ms']['floor'])} ms)."
+        )
+    growth = results.get("growth")
+    if ran(growth) and "RedisStore" in growth["stores"]:
+        redis_store = growth["stores"]["RedisStore"]
+        lines.append(
+            f"- A RedisStore save costs the same at step 500 as at step 10 ({redis_store['ratio']:.2f}x) and a "
+            f"500-step session holds {redis_store['bytes']['500'] / 1e6:.1f} MB"
+            + (
+                f" (LangGraph SqliteSaver: {growth['langgraph']['bytes']['500'] / 1e6:.0f} MB)"
+                if "bytes" in growth.get("langgraph", {})
+                else ""
+            )
+            + "."
+        )
+    recovery = results.get("recovery")
+    if ran(recovery):
+        default = recovery[0]
+        lines.append(
+            f"- A session whose worker is SIGKILLed runs again after {fmt(default['call_again_s'], 1, ' s')} "
+            f"with the default settings (lease {default['lease_ttl_s']:g} s + reaper "
+            f"{default['reaper_interval_s']:g} s)"
+            + (f", {fmt(recovery[1]['call_again_s'], 1, ' s')} tuned" if len(recovery) > 1 else "")
+            + "."
+        )
+    machine = results["meta"]["machine"]
+    lines += [
+        "",
+        f"Measured on {machine['nproc']} CPUs ({machine['cpu']}); every table, plot and package version in "
+        f"[{folder}/README.md]({folder}/README.md).",
+        "",
+    ]
+    if ran(overhead):
+        lines += [f"![per-step overhead]({folder}/overhead.png)", ""]
+    return "\n".join(lines)
