@@ -1,0 +1,56 @@
+"""`python -m bench --quick` on a subset finishes and writes its table with the expected rows.
+
+Benchmarks are not tests: nothing here looks at a figure. LangGraph and DBOS may be missing
+from the test venv (they are the `bench` extra): their rows then say "not installed".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ROWS = [
+    "| lousho | no store |",
+    "| lousho | memory store |",
+    "| lousho | SqliteStore |",
+    "| lousho | RedisStore |",
+    "| LangGraph | no checkpointer |",
+    "| LangGraph | InMemorySaver |",
+    "| LangGraph | SqliteSaver (default durability: async) |",
+    '| LangGraph | SqliteSaver, durability="sync" |',
+    "| DBOS | plain functions (no DBOS) |",
+    "| DBOS | workflow of steps, SQLite system database |",
+    "| floor: bare Celery hop |",
+    "| lousho | ",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_bench_writes_its_table_with_every_row(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "bench", "--quick", "--only", "overhead,latency", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+
+    table = (out / "README.md").read_text(encoding="utf-8")
+    missing = [row for row in ROWS if row not in table]
+    assert not missing, f"rows missing from the table: {missing}\n{table}"
+    for framework in ("LangGraph", "DBOS"):
+        if importlib.util.find_spec(framework.lower()) is None:
+            rows = [line for line in table.splitlines() if line.startswith(f"| {framework} | ")]
+            assert rows and all("not installed" in row for row in rows), rows
+    for section in ("## 3. Throughput", "## 4. Cost growth", "## 5. Recovery"):
+        assert f"{section}" in table and "Not run in this invocation" in table.split(section, 1)[1].split("##", 1)[0]
+    results = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    assert set(results) == {"overhead", "latency", "meta"} and results["meta"]["versions"]["lousho"]
+    assert "## Benchmarks" in (out / "summary.md").read_text(encoding="utf-8")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (out / "overhead.png").stat().st_size > 0 and (out / "fleet_latency.png").stat().st_size > 0
