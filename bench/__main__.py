@@ -31,7 +31,7 @@ from typing import Any
 import redis
 
 from bench import fleet, growth, inprocess, plots, report
-from bench.common import ROOT, machine, redis_target, versions
+from bench.common import ROOT, machine, redis_target, revision, versions
 
 PARTS = ("overhead", "latency", "throughput", "growth", "recovery")
 
@@ -137,6 +137,7 @@ def measure(config: Config, parts: set[str]) -> dict[str, Any]:
                 "machine": machine(),
                 "versions": versions(client),
                 "redis": where,
+                "revision": revision(),
                 "failed": sorted(
                     name for name in parts if isinstance(results.get(name), dict) and "error" in results[name]
                 ),

@@ -13,6 +13,7 @@ import queue
 import re
 import sqlite3
 import statistics
+import subprocess
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -113,6 +114,25 @@ def machine() -> dict[str, str]:
         "memory": memory,
         "os": f"{platform.system()} {platform.release()}",
     }
+
+
+def revision() -> str:
+    """The commit measured, and whether lousho/ had uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "lousho"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head + (" with uncommitted changes in lousho/" if dirty else "")
 
 
 def why_not(error: BaseException) -> str:

@@ -148,9 +148,7 @@ class Target:
             store = self.store
             raws = [store._latest[session], *(raw for _, raw in store._history.get(session, ()))]
             return sum(len(raw.encode()) for raw in raws)
-        if self.name == "SqliteStore":
-            return sqlite_bytes(self.store.path)
-        if self.name == "naive SQLite":
+        if self.name in ("SqliteStore", "naive SQLite"):
             return sqlite_bytes(self.store.path)
         if self.name == "FileStore":
             files = [
@@ -163,9 +161,7 @@ class Target:
         return redis_bytes(self.client, f"{self.prefix}naive:{session}:*")
 
     def close(self) -> None:
-        if self.name == "SqliteStore":
-            self.store.checkpoints._db.engine.dispose()
-        elif self.name == "naive SQLite":
+        if self.name in ("SqliteStore", "naive SQLite"):
             self.store.close()
 
 

@@ -159,8 +159,8 @@ def _commands(found: dict[str, Any] | None) -> list[str]:
         return ", ".join(f"{name} {count:g}" for name, count in found[kind]["top"].items())
 
     return [
-        f"Redis commands per task hop (INFO commandstats over one more session, the benchmark's BLPOP and idle "
-        f"workers' polling included): lousho {found['lousho']['total']:.1f} ({top('lousho')}); floor "
+        f"Redis commands per task hop (INFO commandstats over one more session; commands run inside Lua scripts, "
+        f"the benchmark's BLPOP and idle workers' polling included): lousho {found['lousho']['total']:.1f} ({top('lousho')}); floor "
         f"{found['floor']['total']:.1f} ({top('floor')}).",
         "",
     ]
@@ -293,7 +293,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"`python -m bench{' --quick' if meta['mode'] == 'quick' else ''}` ({meta['mode']} mode), "
         f"{meta['started']} UTC, {meta['elapsed_s']:.0f} s. Machine: {machine['nproc']} CPUs ({machine['cpu']}), "
-        f"{machine['memory']} memory, {machine['os']}. Redis: {meta['redis']}. Package versions at the end.",
+        f"{machine['memory']} memory, {machine['os']}. Redis: {meta['redis']}. lousho at {meta.get('revision', '?')}. "
+        "Package versions at the end.",
         "",
         "| goal | measured | met |",
         "| - | - | - |",
