@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -98,6 +99,7 @@ def attempt(results: dict[str, Any], names: set[str], title: str, call: Callable
 
 def measure(config: Config, parts: set[str]) -> dict[str, Any]:
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
     results: dict[str, Any] = {}
     with redis_target() as (url, where):
         client = redis.Redis.from_url(url)
@@ -138,6 +140,7 @@ def measure(config: Config, parts: set[str]) -> dict[str, Any]:
                 "versions": versions(client),
                 "redis": where,
                 "revision": revision(),
+                "load": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "failed": sorted(
                     name for name in parts if isinstance(results.get(name), dict) and "error" in results[name]
                 ),

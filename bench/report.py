@@ -288,6 +288,13 @@ NOTES = """## Notes on method
   the last heartbeat, and the reaper looks every interval."""
 
 
+def _load(meta: dict[str, Any]) -> str:
+    """The 1-minute load average at the start and the end: other work on the machine skews the figures."""
+    if "load" not in meta:
+        return ""
+    return f", load average {meta['load'][0]:.2f} at the start, {meta['load'][1]:.2f} at the end"
+
+
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
     machine = meta["machine"]
@@ -296,7 +303,7 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"`python -m bench{' --quick' if meta['mode'] == 'quick' else ''}` ({meta['mode']} mode), "
         f"{meta['started']} UTC, {meta['elapsed_s']:.0f} s. Machine: {machine['nproc']} CPUs ({machine['cpu']}), "
-        f"{machine['memory']} memory, {machine['os']}. Redis: {meta['redis']}. lousho at {meta.get('revision', '?')}. "
+        f"{machine['memory']} memory, {machine['os']}{_load(meta)}. Redis: {meta['redis']}. lousho at {meta.get('revision', '?')}. "
         "Package versions at the end.",
         "",
         "| goal | measured | met |",
