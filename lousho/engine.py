@@ -17,7 +17,7 @@ from lousho.abort import AbortSignal, RunAborted
 from lousho.checkpoint import Checkpoint
 from lousho.definition import ResolvedAgent, call_hook
 from lousho.errors import PropagatingToolError
-from lousho.messages import Message, ToolCall, Usage
+from lousho.messages import INVALID_JSON_KEY, Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
 from lousho.providers.calling import OnDelta, OnRetry, ask_model
 from lousho.tools import ToolContext, describe_validation_error, tool_error
@@ -209,6 +209,16 @@ async def plan_tool_call(
         known = ", ".join(sorted(agent.tools)) or "none"
         return PlannedCall(
             call, result=tool_error(f"unknown tool {call.name!r}", f"Available tools: {known}."), preset=True
+        )
+    raw = call.arguments.get(INVALID_JSON_KEY)
+    if isinstance(raw, str):
+        return PlannedCall(
+            call,
+            preset=True,
+            result=tool_error(
+                f"invalid arguments for {call.name}: not a JSON object: {raw[:500]}",
+                "Send the arguments as one JSON object that matches the tool's schema.",
+            ),
         )
     try:
         args = tool.parse_arguments(call.arguments)

@@ -11,9 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Message", "Role", "ToolCall", "Usage", "as_messages"]
+__all__ = ["INVALID_JSON_KEY", "Message", "Role", "ToolCall", "Usage", "as_messages"]
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+INVALID_JSON_KEY = "__invalid_json__"
+"""A provider that receives tool-call arguments that are not a JSON object stores them as
+`{INVALID_JSON_KEY: <raw text>}`; the engine turns that into an error result the model reads."""
 
 
 class ToolCall(BaseModel):

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from lousho.errors import ConfigurationError, ProviderError
+from lousho.messages import INVALID_JSON_KEY
 
 __all__ = [
     "INVALID_JSON_KEY",
@@ -25,7 +26,6 @@ __all__ = [
     "transport_errors",
 ]
 
-INVALID_JSON_KEY = "__invalid_json__"
 """Tool-call arguments that are not a JSON object become `{INVALID_JSON_KEY: <raw text>}`: the engine's
 argument validation then records an error result the model reads, and the raw text is kept."""
 

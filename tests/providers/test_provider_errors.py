@@ -133,7 +133,6 @@ async def test_invalid_json_arguments_become_an_error_result_the_model_reads(
         assert result_block["tool_use_id"] == "call_1" and result_block["is_error"] is True
 
 
-@pytest.mark.xfail(reason="needs lousho/engine.py plan_tool_call to reject arguments holding '__invalid_json__'")
 async def test_invalid_json_for_a_tool_whose_fields_are_all_optional_is_still_an_error(
     api: str, server: FakeLLMServer, make_provider: MakeProvider, note: Any, runs: ToolRuns
 ) -> None:
