@@ -50,6 +50,11 @@ def _is_connection_error(exc: Exception) -> bool:
     return isinstance(exc, (kombu.exceptions.OperationalError, redis.RedisError, ConnectionError))
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: `finally` blocks run (and end what they started)."""
+    raise KeyboardInterrupt
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     raise typer.Exit(1)
@@ -104,7 +109,11 @@ def demo(
         return
     from lousho.demo.fleet import run_fleet_demo
 
-    outcome = run_fleet_demo()
+    signal.signal(signal.SIGTERM, _interrupt)  # a stopped demo still ends every process it started
+    try:
+        outcome = run_fleet_demo()
+    except KeyboardInterrupt:
+        _fail("[LOUSHO_INTERRUPTED] the demo was stopped; every process it started has ended")
     if not outcome.ok:
         raise typer.Exit(1)
 
@@ -171,10 +180,7 @@ def reaper(
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, _interrupt)
     typer.echo(
         f"lousho reaper: a pass every {client.settings.reaper_interval_s}s on {client.store!r}, queue {client.settings.queue}",
         err=True,

@@ -329,6 +329,7 @@ class FleetDemo:
                 ):
                     break
                 time.sleep(0.05)
+        console.line()
         finished = [s for s, st in self.statuses.items() if st.status == "finished"]
         outcome = DemoOutcome(
             ok=len(finished) == len(self.sessions), finished=finished, kill=self.kill, elapsed_s=self.now()

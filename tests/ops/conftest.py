@@ -3,7 +3,10 @@ Redis, real worker processes, each test on its own key prefix and queue. Every p
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -79,3 +82,37 @@ def cli_env(fleet: DemoFleet) -> dict[str, str]:
     """The environment of a `lousho` command run against `fleet` (none of the caller's LOUSHO_ settings)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"}
     return {**env, **fleet.env}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first found (read from /proc while they still have their parent)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def run_clean(
+    command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout_s: float = 90.0
+) -> subprocess.CompletedProcess[str]:
+    """Run a command to its end; on a timeout, end it and every process below it (by pid), then fail."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for pid in [*descendants(process.pid), process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        raise AssertionError(f"{command[:2]} ran over {timeout_s}s:\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)

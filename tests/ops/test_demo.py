@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 
-from tests.ops.conftest import LOUSHO
+from tests.ops.conftest import LOUSHO, run_clean
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -26,7 +25,7 @@ def processes_mentioning(text: str) -> list[int]:
 def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"}
     started = time.monotonic()
-    done = subprocess.run([LOUSHO, "demo"], env=env, capture_output=True, text=True, timeout=110, check=False)
+    done = run_clean([LOUSHO, "demo"], env=env, timeout_s=110)
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     out = " ".join(done.stdout.split())  # rich wraps long lines

@@ -4,7 +4,6 @@ and every `lousho` command its shell blocks use exists."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import typer
 
 from lousho.cli import app
-from tests.ops.conftest import ROOT
+from tests.ops.conftest import ROOT, run_clean
 
 DOC = ROOT / "docs" / "fleet.md"
 TEXT = DOC.read_text(encoding="utf-8")
@@ -25,17 +24,13 @@ OTHERS = [block for block in PYTHON if "resolve_approval" not in block]
 
 @pytest.mark.parametrize("block", OTHERS, ids=[f"block-{i}" for i in range(len(OTHERS))])
 def test_fleet_doc_python_block_runs(block: str, tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False
-    )
+    done = run_clean([sys.executable, "-c", block], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_the_client_tour_runs_and_prints_the_approved_booking_and_the_answer(tmp_path: Path) -> None:
     tour = next(block for block in PYTHON if "resolve_approval" in block)
-    done = subprocess.run(
-        [sys.executable, "-c", tour], cwd=tmp_path, capture_output=True, text=True, timeout=90, check=False
-    )
+    done = run_clean([sys.executable, "-c", tour], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == [
         "book_table {'restaurant': 'Casa Oslo', 'people': 2}",
