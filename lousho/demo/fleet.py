@@ -31,7 +31,7 @@ from rich.text import Text
 
 from lousho.cli_render import console as default_console
 from lousho.cli_render import history_table, sessions_table, short, transcript_table
-from lousho.demo.tracking import running_key, runs_key
+from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
 from lousho.scheduler import Client, SessionStatus, reap_once
 from lousho.settings import LoushoSettings
@@ -370,12 +370,19 @@ class FleetDemo:
                     f"with the same tool_call_id, and its result was recorded once."
                 )
             others = {c: n for c, n in runs.items() if c != kill.call_id and n != 1}
-            console.print(
-                f"- Every other tool call ran exactly once{'' if not others else f' except {others}'}; "
-                "no model turn was asked again (the answers were checkpointed)."
-            )
+            console.print(f"- Every other tool call ran exactly once{'' if not others else f' except {others}'}.")
         else:
             console.print("- No worker was killed (no find_restaurants call was seen running).")
+        raw_asked = cast(dict[bytes, bytes], self.redis.hgetall(asked_key(self.settings.prefix)))
+        asked = {_text(k): int(v) for k, v in raw_asked.items()}
+        twice = {turn: n for turn, n in asked.items() if n != 1}
+        if twice:
+            console.print(f"- Model turns asked more than once: {twice}")
+        else:
+            console.print(
+                f"- Each of the {len(asked)} model turns was asked once: an answer, once checkpointed, "
+                "is never asked for again, whichever worker runs the next step."
+            )
         self.how_to_look(kill.session if kill else next(iter(self.sessions)))
 
     def how_to_look(self, session: str) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from lousho.demo.tracking import tracking_hooks
+from lousho.demo.tracking import CountingProvider, tracking_hooks
 from lousho.demo.trip import trip_planner, trip_provider
 from lousho.settings import LoushoSettings
 from lousho.worker import create_app
@@ -29,7 +29,7 @@ app = create_app(
     agents=[agent],
     store=store,
     broker=settings.broker(),
-    provider=trip_provider(),
+    provider=CountingProvider(trip_provider(), store.client, settings.prefix),
     settings=settings.fleet_settings(),
     name="lousho-demo",
 )

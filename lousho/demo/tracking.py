@@ -15,9 +15,10 @@ from typing import Any
 import redis
 
 from lousho.messages import ToolCall
+from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
 from lousho.tools import ToolContext
 
-__all__ = ["running_key", "runs_key", "tracking_hooks"]
+__all__ = ["CountingProvider", "asked_key", "running_key", "runs_key", "tracking_hooks"]
 
 
 def running_key(prefix: str) -> str:
@@ -28,6 +29,25 @@ def running_key(prefix: str) -> str:
 def runs_key(prefix: str) -> str:
     """Hash call id -> how many times the call started."""
     return f"{prefix}demo:runs"
+
+
+def asked_key(prefix: str) -> str:
+    """Hash '<session>:<turn>' -> how many times the model was asked for that turn."""
+    return f"{prefix}demo:asked"
+
+
+class CountingProvider:
+    """A provider that counts, per session and turn, how often the model was asked (then asks `inner`)."""
+
+    def __init__(self, inner: LLMProvider, client: redis.Redis, prefix: str) -> None:
+        self.inner = inner
+        self.client = client
+        self.prefix = prefix
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        turn = sum(m.role == "assistant" for m in request.messages) + 1
+        self.client.hincrby(asked_key(self.prefix), f"{request.session_id}:{turn}", 1)
+        return await self.inner.generate(request)
 
 
 def tracking_hooks(client: redis.Redis, prefix: str) -> tuple[Callable[..., None], Callable[..., None]]:
