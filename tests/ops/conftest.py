@@ -4,6 +4,7 @@ Redis, real worker processes, each test on its own key prefix and queue. Every p
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -75,7 +76,23 @@ def demo_fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp
     yield fleet
     for worker in fleet.workers:
         worker.kill()
-    redis_client.delete(queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)))
+    forget_queue(redis_client, queue)
+
+
+def forget_queue(client: redis.Redis, queue: str) -> None:
+    """Delete a test queue's keys on a (maybe shared) Redis: the queue, its bindings, and messages that a
+    killed worker left unacked (kombu would put them back on the queue an hour later)."""
+    client.delete(
+        queue,
+        *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)),
+        f"_kombu.binding.{queue}",
+        f"_kombu.binding_permanent.{queue}",
+    )
+    for tag, raw in client.hgetall("unacked").items():
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            if json.loads(raw)[0]["properties"]["delivery_info"]["routing_key"] == queue:
+                client.hdel("unacked", tag)
+                client.zrem("unacked_index", tag)
 
 
 def cli_env(fleet: DemoFleet) -> dict[str, str]:

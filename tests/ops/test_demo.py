@@ -42,8 +42,17 @@ def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session() -> Non
     for city in ("Lisbon", "Oslo", "Rome"):
         assert f"Your day in {city}: sunny, lunch at Casa {city} (booked for 2)." in out
     assert "a human approved appr_" in out
+    assert "Each of the 9 model turns was asked once" in out
     assert "lousho sessions" in out and "lousho history" in out
     assert elapsed < 60, elapsed
     queue = re.search(r"queue (lousho-demo-[0-9a-f]+)", out)
     assert queue is not None
     assert processes_mentioning(queue.group(1)) == []  # every worker the demo started has ended
+
+
+def test_lousho_demo_in_process_crashes_a_process_and_resumes_it() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}
+    done = run_clean([LOUSHO, "demo", "--in-process"], env=env, timeout_s=60)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = " ".join(done.stdout.split())
+    assert "killed with SIGKILL" in out and "Finished (stop)" in out
