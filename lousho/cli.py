@@ -139,6 +139,7 @@ def worker(
         _fail(
             "[LOUSHO_CONFIGURATION] no app: pass --app module:attr or set LOUSHO_APP (e.g. lousho.demo.fleet_app:app)"
         )
+    _check_app(str(spec), settings)
     command = [
         sys.executable,
         "-m",
@@ -159,6 +160,30 @@ def worker(
     command += list(ctx.args)
     sys.stdout.flush()
     os.execve(sys.executable, command, {**os.environ, **settings.env()})
+
+
+def _check_app(spec: str, settings: LoushoSettings) -> None:
+    """Import the app as the worker will (from the working directory, with these settings), so a typo
+    or a missing setting is one clear line here rather than a traceback from celery."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    saved = dict(os.environ)
+    os.environ.update(settings.env())
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(
+            f"[LOUSHO_CONFIGURATION] cannot import the app module {module_name!r}: {exc} "
+            "(run from the folder that holds it, or set PYTHONPATH)"
+        )
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if attr and not hasattr(module, attr):
+        _fail(f"[LOUSHO_CONFIGURATION] the module {module_name!r} has no {attr!r} (the Celery app made by create_app)")
 
 
 @app.command()

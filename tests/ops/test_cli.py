@@ -54,6 +54,11 @@ def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
     assert_one_line_error(lousho("--store-url", sqlite, "approve", "appr_nope", ok=False), "appr_nope")
     assert_one_line_error(lousho("--store-url", sqlite, "enqueue", "a", "hi", ok=False), "needs a Redis store")
     assert_one_line_error(lousho("worker", ok=False), "--app")
+    assert_one_line_error(
+        lousho("worker", "--app", "nope.mod:app", ok=False), "cannot import the app module 'nope.mod'"
+    )
+    assert_one_line_error(lousho("worker", "--app", "lousho.settings:app", ok=False), "has no 'app'")
+    assert_one_line_error(lousho("worker", "--app", "lousho.demo.fleet_app:app", ok=False), "no Redis configured")
 
 
 class City(BaseModel):
