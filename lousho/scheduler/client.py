@@ -110,6 +110,9 @@ class Client:
         """Record the decision (once: a second one raises) and let the fleet continue the run."""
         snapshot = self.store.approvals.decide(approval_id, approved, note)
         if snapshot.session_id is not None:
+            # Back in the in-flight index first: if the message below is lost (or its worker dies),
+            # the reaper requeues the session; a paused session is otherwise out of the index for good.
+            self.store.checkpoints.touch_inflight(snapshot.session_id)
             send_advance(self.app, snapshot.session_id, "approval")
         return snapshot
 

@@ -7,6 +7,14 @@ set of triggers: `tool:<call id>` (die while running that call) and
 `turn-saved:<session>:<turn>` (die right after that model turn's answer is saved),
 `model:<session>:<turn>` (die while the model is asked that turn); each
 fires once, and the process dies by SIGKILL: no cleanup, no ack.
+
+Knobs for the chaos suite (tests/chaos), all off unless set:
+`LOUSHO_TEST_MAX_ATTEMPTS` (poison threshold), `LOUSHO_TEST_TRACK=1` (each tool run adds its
+call id to the set `started:<pid>` and `<pid>@<time>` to the list `runlog:<call id>`), `LOUSHO_TEST_SAVE_LOG=<folder>` (every acknowledged save is
+appended to `<folder>/saves-<pid>.log`, outside Redis, so a Redis crash cannot erase the record),
+`LOUSHO_TEST_SEND_FAULTS=drop=0.1,dup=0.2,seed=7` (each task this worker sends is dropped or
+sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CONF=<json>`
+(Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`).
 """
 
 from __future__ import annotations
@@ -14,7 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import signal
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -32,13 +42,22 @@ SETTINGS = FleetSettings(
     reaper_interval_s=0.5,
     requeue_backoff_s=3.0,
     queue=os.environ["LOUSHO_TEST_FLEET_QUEUE"],
+    max_attempts=int(os.environ.get("LOUSHO_TEST_MAX_ATTEMPTS", "3")),
 )
+TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
+SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")
 store = RedisStore(URL, prefix=PREFIX)
 redis = store.client
 
 
 def key(name: str) -> str:
     return f"{PREFIX}test:{name}"
+
+
+def track_run(call_id: str) -> None:
+    if TRACK:
+        redis.sadd(key(f"started:{os.getpid()}"), call_id)
+        redis.rpush(key(f"runlog:{call_id}"), f"{os.getpid()}@{time.time():.3f}")
 
 
 def die_if_triggered(trigger: str) -> None:
@@ -77,6 +96,7 @@ class Charge(BaseModel):
 async def work(args: Work, ctx: ToolContext) -> dict[str, Any]:
     redis.hincrby(key("runs"), ctx.tool_call_id, 1)
     redis.hset(key("ran-on"), ctx.tool_call_id, os.getpid())
+    track_run(ctx.tool_call_id)
     die_if_triggered(f"tool:{ctx.tool_call_id}")
     await asyncio.sleep(args.sleep_s)
     return {"n": args.n, "square": args.n * args.n}
@@ -84,10 +104,24 @@ async def work(args: Work, ctx: ToolContext) -> dict[str, Any]:
 
 def charge(args: Charge, ctx: ToolContext) -> dict[str, Any]:
     redis.hincrby(key("runs"), ctx.tool_call_id, 1)
+    track_run(ctx.tool_call_id)
     return {"charged": args.amount, "idempotency_key": ctx.tool_call_id}
 
 
+def log_save(event: CheckpointSavedEvent) -> None:
+    """One line per acknowledged save, written straight to the kernel (it survives SIGKILL of this process)."""
+    if SAVE_LOG:
+        line = f"{event.session_id}\t{event.version}\t{event.status}\t{os.getpid()}\t{time.time():.6f}\n"
+        fd = os.open(os.path.join(SAVE_LOG, f"saves-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+
 def on_event(event: Event) -> None:
+    if isinstance(event, CheckpointSavedEvent):
+        log_save(event)
     if isinstance(event, CheckpointSavedEvent) and event.status == "in-progress" and event.session_id:
         checkpoint = store.checkpoints.load(event.session_id)
         if checkpoint is not None and checkpoint.messages[-1].tool_calls:
@@ -104,7 +138,8 @@ agent = Agent(
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
-app = create_app(agents=[agent], store=store, broker=broker_url(URL), provider=ScriptFromRedis(), settings=SETTINGS, on_event=on_event)
+app = create_app(agents=[agent], store=store, broker=broker_url(URL), provider=ScriptFromRedis(), settings=SETTINGS,
+                 on_event=on_event, **json.loads(os.environ.get("LOUSHO_TEST_CELERY_CONF") or "{}"))
 
 if os.environ.get("LOUSHO_TEST_DELIVER_TWICE"):
     # Every task this worker sends is sent twice, with the same task id: duplicate delivery.
@@ -115,3 +150,21 @@ if os.environ.get("LOUSHO_TEST_DELIVER_TWICE"):
         return send_once(*args, **kwargs)
 
     app.send_task = send_twice  # type: ignore[method-assign]
+
+if os.environ.get("LOUSHO_TEST_SEND_FAULTS"):
+    # A lossy, stuttering broker: each task this worker sends is dropped, or sent twice, at random.
+    faults = dict(part.split("=", 1) for part in os.environ["LOUSHO_TEST_SEND_FAULTS"].split(","))
+    chance = random.Random(f"{faults.get('seed', '0')}-{os.getpid()}")
+    send_reliably = app.send_task
+
+    def send_unreliably(*args: Any, **kwargs: Any) -> Any:
+        roll = chance.random()
+        if roll < float(faults.get("drop", 0)):
+            redis.hincrby(key("send-faults"), "drop", 1)
+            return None
+        if roll < float(faults.get("drop", 0)) + float(faults.get("dup", 0)):
+            redis.hincrby(key("send-faults"), "dup", 1)
+            send_reliably(*args, **kwargs)
+        return send_reliably(*args, **kwargs)
+
+    app.send_task = send_unreliably  # type: ignore[method-assign]
