@@ -26,9 +26,6 @@ __all__ = [
     "transport_errors",
 ]
 
-"""Tool-call arguments that are not a JSON object become `{INVALID_JSON_KEY: <raw text>}`: the engine's
-argument validation then records an error result the model reads, and the raw text is kept."""
-
 NO_KEY = "lousho-no-api-key"
 """The API key sent to a local server (`base_url=`) when none is configured: such servers ignore it."""
 
