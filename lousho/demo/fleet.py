@@ -162,8 +162,19 @@ class FleetDemo:
             thread.join()
         for worker in self.workers:
             worker.kill()  # a no-op for a worker that ended
-        queue = self.settings.queue
-        self.redis.delete(queue, *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)))
+        queue = self.settings.queue  # the demo's own queue: nothing consumes it after the demo
+        self.redis.delete(
+            queue,
+            *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)),
+            f"_kombu.binding.{queue}",
+            f"_kombu.binding_permanent.{queue}",
+        )
+        raw = cast(dict[bytes, bytes], self.redis.hgetall("unacked"))
+        for tag, message in raw.items():  # the killed worker's message (kombu would restore it in an hour)
+            with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+                if json.loads(message)[0]["properties"]["delivery_info"]["routing_key"] == queue:
+                    self.redis.hdel("unacked", _text(tag))
+                    self.redis.zrem("unacked_index", _text(tag))
 
     def worker_named(self, pid: int) -> WorkerProcess | None:
         with self._lock:
