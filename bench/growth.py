@@ -7,14 +7,14 @@ one message longer. Every store keeps its default history ring (50 entries).
 - Save time at step N: each repeat is a fresh session saved step by step; it contributes the
   median of its saves at steps N-2..N+2 (a single save is at the mercy of one Lua GC step or
   one fsync). Reported: median (min-max) over repeats.
-- FileStore rewrites its whole history file (50 whole checkpoints) on every save, so saving
-  500 steps one by one writes ~6 GB; its session is instead brought to step N-3 in one go
-  (latest file and history file written with exactly what its own saves would have left),
-  and then saved step by step.
+- A store whose saves around step 100 take over SLOW_MS (FileStore while it rewrites its whole
+  history file, 50 whole checkpoints, on every save: 500 steps one by one would write ~6 GB) is
+  brought from step 102 to step 497 in one go (its latest file and history file written with
+  exactly what its own saves would have left), then saved step by step again.
 - Bytes per session: what the store holds for the session right after the save of step N:
   memory store: the JSON it keeps; SQLite: pages in use ((page_count - freelist_count) x
-  page_size, one database file per session, WAL checkpointed); files: their sizes; Redis: the
-  sum of MEMORY USAGE of the session's keys.
+  page_size, one database file per session, WAL checkpointed); FileStore: the files in its
+  folder (one folder per session); Redis: the sum of MEMORY USAGE of the session's keys.
 - Naive baselines: the whole checkpoint JSON to SQLite (upsert latest + insert history row +
   trim the ring, one transaction) and to Redis (SET + LPUSH + LTRIM, MULTI).
 - LangGraph SqliteSaver: a graph that appends the same messages (a model node, then a tool
@@ -46,6 +46,7 @@ from lousho.stores import FileStore, RedisStore, SqliteStore, memory_store
 STEPS = (10, 100, 500)
 SIZE = 1000
 WINDOW = 2  # saves timed: N-2..N+2
+SLOW_MS = 20.0  # a store slower than this per save around step 100 is brought forward to step 500 in one go
 
 
 def sqlite_bytes(path: str | Path) -> int:
@@ -100,6 +101,8 @@ class Target:
         self.name, self.folder, self.client, self.prefix = name, folder, client, prefix
         self.store: Any = None
         self.where = folder
+        self.skipped = False
+        """Whether the session was brought forward (not saved step by step) to the last window."""
 
     def open(self, session: str) -> None:
         self.where = where = self.folder / f"{self.name}-{session}"
@@ -135,6 +138,8 @@ class Target:
     def fast_forward(self, session: str, previous: list[Checkpoint]) -> None:
         """FileStore only: write the two files its saves of `previous` (oldest first) would have left,
         in its documented layout (`checkpoints/<session>.json`, `checkpoint-history/<session>.json`)."""
+        if self.name != "FileStore":
+            raise RuntimeError(f"{self.name} is too slow to save 500 steps one by one, and cannot be brought forward")
         newest = previous[-HISTORY_LIMIT:][::-1]
         entries = [{"saved_at": utc_now(), "checkpoint": json.loads(c.model_dump_json())} for c in newest]
         (self.where / "checkpoints" / f"{session}.json").write_text(previous[-1].model_dump_json())
@@ -150,12 +155,8 @@ class Target:
             return sum(len(raw.encode()) for raw in raws)
         if self.name in ("SqliteStore", "naive SQLite"):
             return sqlite_bytes(self.store.path)
-        if self.name == "FileStore":
-            files = [
-                self.where / "checkpoints" / f"{session}.json",
-                self.where / "checkpoint-history" / f"{session}.json",
-            ]
-            return sum(path.stat().st_size for path in files)
+        if self.name == "FileStore":  # the folder holds this session only (the warm-up one is deleted)
+            return sum(path.stat().st_size for path in self.where.rglob("*") if path.is_file())
         if self.name == "RedisStore":
             return redis_bytes(self.client, f"{self.prefix}ours:{{{session}}}:*")
         return redis_bytes(self.client, f"{self.prefix}naive:{session}:*")
@@ -169,18 +170,23 @@ TARGETS = ["memory", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "
 
 
 def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
-    """One repeat: the median save time (ms) around each step of STEPS, and the bytes at each step."""
+    """One repeat: the median save time (ms) around each step of STEPS, and the bytes at each step.
+
+    A store whose saves around step 100 take over SLOW_MS (FileStore while it rewrites its whole
+    history file) is brought from there to just before the last window in one go (`fast_forward`)."""
     times: dict[int, list[float]] = {step: [] for step in STEPS}
     sizes: dict[int, int] = {}
     target.open(session)
     try:
-        if target.name == "FileStore":
-            return file_session(target, session)
         for checkpoint in checkpoints(f"{session}-warm", 2 * WINDOW + 1, SIZE):  # untimed: warm the code paths
             target.save(f"{session}-warm", checkpoint)
         target.forget(f"{session}-warm")
-        for checkpoint in checkpoints(session, max(STEPS) + WINDOW, SIZE):
+        run = list(checkpoints(session, max(STEPS) + WINDOW, SIZE))  # run[i] is step i + 1
+        index = 0
+        while index < len(run):
+            checkpoint = run[index]
             step = checkpoint.version
+            index += 1
             near = next((s for s in STEPS if abs(step - s) <= WINDOW), None)
             if near is None:
                 target.save(session, checkpoint)
@@ -192,28 +198,13 @@ def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[in
             times[near].append((time.perf_counter() - started) * 1000)
             if step == near:
                 sizes[step] = target.bytes(session)
+            if step == near + WINDOW and near != max(STEPS) and statistics.median(times[near]) > SLOW_MS:
+                target.fast_forward(session, run[: max(STEPS) - WINDOW - 1])
+                target.skipped = True
+                index = max(STEPS) - WINDOW - 1
         return {s: statistics.median(v) for s, v in times.items()}, sizes
     finally:
         target.close()
-
-
-def file_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
-    times: dict[int, float] = {}
-    sizes: dict[int, int] = {}
-    for step in STEPS:
-        name = f"{session}-{step}"
-        run = list(checkpoints(name, step + WINDOW, SIZE))
-        target.fast_forward(name, run[: step - WINDOW - 1])
-        saved: list[float] = []
-        gc.collect()
-        for checkpoint in run[step - WINDOW - 1 :]:
-            started = time.perf_counter()
-            target.save(name, checkpoint)
-            saved.append((time.perf_counter() - started) * 1000)
-            if checkpoint.version == step:
-                sizes[step] = target.bytes(name)
-        times[step] = statistics.median(saved)
-    return times, sizes
 
 
 def langgraph_growth(steps: list[int]) -> dict[str, Any]:
@@ -274,15 +265,21 @@ def run(repeats: int, client: redis.Redis) -> dict[str, Any]:
                 target = Target(name, Path(folder), client, prefix)
                 per_step: dict[int, list[float]] = {s: [] for s in STEPS}
                 sizes: dict[int, int] = {}
-                for repeat in range(repeats):
-                    times, sizes = one_session(target, f"g{repeat}")
-                    for step, ms in times.items():
-                        per_step[step].append(ms)
-                delete_prefix(client, prefix)
+                try:
+                    for repeat in range(repeats):
+                        times, sizes = one_session(target, f"g{repeat}")
+                        for step, ms in times.items():
+                            per_step[step].append(ms)
+                except Exception as exc:
+                    result["stores"][name] = {"error": f"failed: {type(exc).__name__}: {exc}"}
+                    continue
+                finally:
+                    delete_prefix(client, prefix)
                 result["stores"][name] = {
                     "save_ms": {str(s): stats(v) for s, v in per_step.items()},
                     "bytes": {str(s): b for s, b in sizes.items()},
                     "ratio": statistics.median(per_step[max(STEPS)]) / statistics.median(per_step[min(STEPS)]),
+                    "brought_forward": target.skipped,
                 }
         finally:
             delete_prefix(client, prefix)

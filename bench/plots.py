@@ -119,6 +119,8 @@ def growth(section: dict[str, Any], out: Path) -> str:
     steps = section["steps"]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     for name, store in section["stores"].items():
+        if "error" in store:
+            continue
         style = "--" if name.startswith("naive") else "-"
         points = [store["save_ms"][str(s)] for s in steps]
         left.errorbar(
