@@ -62,7 +62,12 @@ class Message(BaseModel):
 
     @classmethod
     def tool_result(cls, call: ToolCall, result: Any) -> Message:
-        return cls(role="tool", content=json.dumps(result, default=str, ensure_ascii=False), tool_call_id=call.id, name=call.name)
+        return cls(
+            role="tool",
+            content=json.dumps(result, default=str, ensure_ascii=False),
+            tool_call_id=call.id,
+            name=call.name,
+        )
 
     def result(self) -> Any:
         """A tool message's result, decoded from its JSON content."""

@@ -45,7 +45,9 @@ async def _child(db: str) -> None:
 
 def _run_child_that_crashes(db: str, console: Console) -> int:
     env = {**os.environ, CRASH_ENV: "lisbon_food"}
-    console.print(f"[bold]1.[/] A worker process starts [cyan]{SESSION}[/] and is killed with SIGKILL while it runs `find_restaurants`...")
+    console.print(
+        f"[bold]1.[/] A worker process starts [cyan]{SESSION}[/] and is killed with SIGKILL while it runs `find_restaurants`..."
+    )
     child = subprocess.run([sys.executable, "-m", "lousho.demo.inprocess", "--child", db], env=env, check=False)
     console.print(f"   the process died (exit {child.returncode}); nothing in it said goodbye.")
     return child.returncode
@@ -61,10 +63,14 @@ async def run_demo(console: Console | None = None) -> None:
         assert stored is not None
         console.print(_transcript(stored, f"2. What the checkpoint holds after the crash (status: {stored.status})"))
         agent = create_agent(provider=trip_provider(), store=store, agent=trip_planner())
-        console.print("[bold]3.[/] Another process resumes it: the recorded weather result is not run again, the model is not asked again.")
+        console.print(
+            "[bold]3.[/] Another process resumes it: the recorded weather result is not run again, the model is not asked again."
+        )
         paused = await agent.resume(SESSION)
         assert paused is not None
-        console.print(f"   the run paused for approval of `book_table` (approval {paused.approval_id}); a human approves it.")
+        console.print(
+            f"   the run paused for approval of `book_table` (approval {paused.approval_id}); a human approves it."
+        )
         final = await agent.approvals.resolve(paused.approval_id or "", approved=True, note="looks good")
         done = await asyncio.to_thread(store.checkpoints.load, SESSION)
         assert done is not None

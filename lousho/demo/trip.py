@@ -63,7 +63,9 @@ def trip_planner() -> Agent:
     tools: list[Tool[Any]] = [
         define_tool(name="get_weather", description="Weather for a city", input=City, execute=get_weather),
         define_tool(name="find_restaurants", description="Restaurants in a city", input=City, execute=find_restaurants),
-        define_tool(name="book_table", description="Book a table", input=Booking, execute=book_table, needs_approval=True),
+        define_tool(
+            name="book_table", description="Book a table", input=Booking, execute=book_table, needs_approval=True
+        ),
     ]
     return Agent(name="trip_planner", model="scripted-planner", instructions="You plan day trips.", tools=tools)
 
@@ -82,8 +84,10 @@ def _answer(turn: int) -> Any:
         if turn == 0:
             return Message.assistant(
                 f"Checking the weather and restaurants in {city}.",
-                [ToolCall(id=f"{key}_weather", name="get_weather", arguments={"city": city}),
-                 ToolCall(id=f"{key}_food", name="find_restaurants", arguments={"city": city})],
+                [
+                    ToolCall(id=f"{key}_weather", name="get_weather", arguments={"city": city}),
+                    ToolCall(id=f"{key}_food", name="find_restaurants", arguments={"city": city}),
+                ],
             )
         if turn == 1:
             return Message.assistant(

@@ -14,7 +14,11 @@ import logging
 import time
 from typing import Any
 
+from kombu.exceptions import OperationalError
+
+from lousho.errors import StoreUnavailableError
 from lousho.stores.redis import RedisStore
+from lousho.stores.redis_common import redis_errors
 from lousho.worker.config import FleetSettings
 from lousho.worker.dispatch import send_advance
 from lousho.worker.runtime import FleetKeys
@@ -24,7 +28,9 @@ __all__ = ["reap_once", "run_reaper"]
 log = logging.getLogger("lousho.reaper")
 
 
-def reap_once(store: RedisStore, app: Any, settings: FleetSettings, now_ms: int | None = None, limit: int = 1000) -> list[str]:
+def reap_once(
+    store: RedisStore, app: Any, settings: FleetSettings, now_ms: int | None = None, limit: int = 1000
+) -> list[str]:
     """One pass: the sessions requeued (an `advance` task each)."""
     keys = FleetKeys(store)
     client = store.client
@@ -51,6 +57,10 @@ def run_reaper(store: RedisStore, app: Any, settings: FleetSettings, passes: int
     """`lousho reaper`: a pass every `reaper_interval_s`, forever (or `passes` times)."""
     done = 0
     while passes is None or done < passes:
-        reap_once(store, app, settings)
+        try:
+            with redis_errors(store.client, "run a reaper pass"):
+                reap_once(store, app, settings)
+        except (StoreUnavailableError, OperationalError) as exc:  # Redis or the broker is down: try again next pass
+            log.warning("reaper pass failed, retrying in %ss: %s", settings.reaper_interval_s, exc)
         done += 1
         time.sleep(settings.reaper_interval_s)

@@ -75,12 +75,30 @@ def start_worker(
     folder = Path(log_dir or tempfile.mkdtemp(prefix="lousho-worker-"))
     log_path = folder / f"{name}.log"
     command = [
-        sys.executable, "-m", "celery", "-A", app, "worker", f"--pool={pool}", f"--concurrency={concurrency}",
-        "-Q", queue, "-n", f"{name}@%h", "--without-gossip", "--without-mingle", "-l", "INFO",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        "-Q",
+        queue,
+        "-n",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "-l",
+        "INFO",
     ]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
-            command, env={**os.environ, **(env or {})}, cwd=cwd, stdout=log_file, stderr=subprocess.STDOUT,
+            command,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
     worker = WorkerProcess(name=name, process=process, log_path=log_path)

@@ -6,7 +6,14 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "broker_url","FleetSettings", "TASK_ADVANCE", "TASK_MODEL_TURN", "TASK_REAP", "TASK_TOOL_CALL", "celery_config"]
+    "broker_url",
+    "FleetSettings",
+    "TASK_ADVANCE",
+    "TASK_MODEL_TURN",
+    "TASK_REAP",
+    "TASK_TOOL_CALL",
+    "celery_config",
+]
 
 TASK_MODEL_TURN = "lousho.model_turn"
 TASK_TOOL_CALL = "lousho.tool_call"

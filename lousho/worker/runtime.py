@@ -57,8 +57,13 @@ class FleetKeys:
         return self.store.keys.session_key(session_id, "abort")
 
     def all_of(self, session_id: str) -> list[str]:
-        return [self.lease(session_id), self.results(session_id), self.dispatched(session_id),
-                self.attempts(session_id), self.abort(session_id)]
+        return [
+            self.lease(session_id),
+            self.results(session_id),
+            self.dispatched(session_id),
+            self.attempts(session_id),
+            self.abort(session_id),
+        ]
 
     @property
     def parked(self) -> str:
@@ -76,7 +81,9 @@ def _provider_of(entry: Any, default: LLMProvider | None) -> tuple[Agent, LLMPro
     if not isinstance(agent, Agent):
         raise ConfigurationError(f"create_app(agents=...) takes Agent or create_agent() objects, not {entry!r}")
     if provider is None:
-        raise ConfigurationError(f"agent {agent.name!r} has no provider: pass provider= to create_app or use create_agent")
+        raise ConfigurationError(
+            f"agent {agent.name!r} has no provider: pass provider= to create_app or use create_agent"
+        )
     tools = [] if callable(agent.tools) else list(agent.tools)
     sub_agents = [t.name for t in tools if t.sub_agent is not None]
     if sub_agents:
@@ -99,7 +106,9 @@ class FleetRuntime:
     _loop_pid: int = 0
 
     @classmethod
-    def build(cls, agents: Sequence[Any], store: RedisStore, settings: FleetSettings, provider: LLMProvider | None) -> FleetRuntime:
+    def build(
+        cls, agents: Sequence[Any], store: RedisStore, settings: FleetSettings, provider: LLMProvider | None
+    ) -> FleetRuntime:
         runtime = cls(store=store, settings=settings)
         for entry in agents:
             agent, agent_provider = _provider_of(entry, provider)

@@ -59,7 +59,12 @@ def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoin
     system = [checkpoint.pending_input[0].system(instructions)] if instructions else []
     user = [m for m in checkpoint.pending_input if m.role != "system"]
     return checkpoint.model_copy(
-        update={"messages": [*system, *user], "pending_input": [], "run_start": len(system), "run_input_count": len(user)}
+        update={
+            "messages": [*system, *user],
+            "pending_input": [],
+            "run_start": len(system),
+            "run_input_count": len(user),
+        }
     )
 
 
@@ -90,6 +95,7 @@ class SessionSteps:
         self.keys = runtime.keys
         self.client = runtime.store.client
         self.signal = AbortSignal()
+        self._model_turn_to_send: int | None = None
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -129,6 +135,13 @@ class SessionSteps:
         self.client.hset(self.keys.parked, self.session_id, reason)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
 
+    def send_deferred(self) -> None:
+        """Send the next model turn only once the session's lease is released: sent while we hold
+        it, an idle worker would take the task at once, find the lease busy and drop it."""
+        turn, self._model_turn_to_send = self._model_turn_to_send, None
+        if turn is not None:
+            send_model_turn(self.runtime.app, self.session_id, turn)
+
     # -- advance -----------------------------------------------------------------------
 
     async def advance(self, expected_turn: int | None = None, redispatch: bool = False) -> str:
@@ -140,7 +153,10 @@ class SessionSteps:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
                 return await self._advance_locked(lease, expected_turn, redispatch)
         finally:
-            lease.release()
+            try:
+                lease.release()
+            finally:
+                self.send_deferred()
 
     async def _advance_locked(self, lease: Lease, expected_turn: int | None, redispatch: bool) -> str:
         checkpoint = self.runtime.store.checkpoints.load(self.session_id)
@@ -173,7 +189,9 @@ class SessionSteps:
                 if expected_turn is not None and turn != expected_turn:
                     return "stale"
                 if self.count_attempt(f"turn:{turn}") > self.runtime.settings.max_attempts:
-                    self.park(f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing")
+                    self.park(
+                        f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
+                    )
                     return "parked"
                 checkpoint = await run._model_turn(checkpoint)
                 expected_turn = None
@@ -197,7 +215,7 @@ class SessionSteps:
                 return "awaiting-approval"
             pending = checkpoint.pending_tool_calls()
             if not pending:
-                send_model_turn(self.runtime.app, self.session_id, turn_number(checkpoint))
+                self._model_turn_to_send = turn_number(checkpoint)
                 return "turn-enqueued"
             results = self.results()
             window, settled = [], False
@@ -269,7 +287,9 @@ class SessionSteps:
             return "resumed-in-process"
         call = snapshot.tool_call
         if snapshot.status == "rejected":
-            self.commit_result(call.id, tool_error("rejected", snapshot.note or "A human rejected this call; it was not run."))
+            self.commit_result(
+                call.id, tool_error("rejected", snapshot.note or "A human rejected this call; it was not run.")
+            )
             return await self.dispatch(run, checkpoint)
         self.send_tools([call], redispatch=True)
         return "approved-call-dispatched"

@@ -50,7 +50,10 @@ async def _run_once(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall)
         if call.id in steps.results():  # another copy ran it between our first look and the lease
             return "ran"
         if steps.count_attempt(f"call:{call.id}") > settings.max_attempts:
-            result: Any = tool_error("poison", f"This call was started {settings.max_attempts} times and never finished (its worker died each time).")
+            result: Any = tool_error(
+                "poison",
+                f"This call was started {settings.max_attempts} times and never finished (its worker died each time).",
+            )
         else:
             async with heartbeat(steps.runtime, steps.session_id, lease, steps.signal):
                 result = await _run_abortable(steps, run, plan)
@@ -104,4 +107,7 @@ async def fold_when_free(steps: SessionSteps) -> str:
             return await steps.abort(run, checkpoint)
         return await steps.dispatch(run, checkpoint)
     finally:
-        lease.release()
+        try:
+            lease.release()
+        finally:
+            steps.send_deferred()

@@ -51,3 +51,16 @@ async def test_the_fleet_gives_the_same_transcript_as_the_in_process_path(fleet:
     on_fleet = fleet.client.checkpoint("job-2")
     assert on_fleet is not None
     assert on_fleet.messages == local.messages
+
+
+def test_two_workers_without_a_reaper_hand_each_step_on_without_stalling(fleet: Fleet) -> None:
+    """The next turn is sent after the lease is released: an idle worker must not find it held and drop it."""
+    sessions = [f"hand-{i}" for i in range(5)]
+    for session in sessions:
+        fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 1})), tool_turn((f"{session}-b", "work", {"n": 2})), Message.assistant("done")])
+    fleet.start_worker()
+    fleet.start_worker()
+
+    for session in sessions:
+        fleet.client.enqueue("jobs", "go", session_id=session)
+    fleet.wait_for(sessions, timeout_s=20)  # no reaper runs here: nothing would rescue a dropped turn
