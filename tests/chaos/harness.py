@@ -76,7 +76,7 @@ def record(row: Row) -> Row:
 
 
 def _cell(values: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in values.items() if v) or "-"
+    return ", ".join(f"{k} {v}" for k, v in values.items() if v is not None and v != "") or "-"
 
 
 def render_table(rows: list[dict[str, Any]] | list[Row], markdown: bool = False) -> list[str]:
@@ -119,7 +119,7 @@ class ChaosFleet(Fleet):
     faults: Counter[str] = field(default_factory=Counter)
     dead: list[WorkerProcess] = field(default_factory=list)
     _ledger_lock: threading.Lock = field(default_factory=threading.Lock)
-    _counted: set[tuple[int, str]] = field(default_factory=set)
+    _counted: dict[tuple[int, str], int] = field(default_factory=dict)
     _started: int = 0
     fault_log: list[str] = field(default_factory=list)
     triggers: list[str] = field(default_factory=list)
@@ -132,21 +132,27 @@ class ChaosFleet(Fleet):
         return f"{self.prefix}{{{session_id}}}:results"
 
     def note_interrupted(self, pid: int) -> None:
-        """Calls `pid` had started (or had leased) without a recorded result: each may run once more."""
+        """A fault hit `pid`: each run of a call it started (or leased, about to start) that has no recorded
+        result yet may be followed by one more run. Each run is counted once, however many faults hit it."""
         with self._ledger_lock:
-            calls = {m.decode() for m in self.redis.smembers(self.key(f"started:{pid}"))}
+            calls = {m.decode(): 0 for m in self.redis.smembers(self.key(f"started:{pid}"))}
             pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "{*}:lease:*"
             for lease_key in self.redis.scan_iter(match=pattern, count=1000):
                 token = self.redis.get(lease_key)
                 if token is not None and token.decode().startswith(f"{pid}-"):
-                    calls.add(lease_key.decode().rsplit(":lease:", 1)[1])
-            for call in calls:
+                    calls[lease_key.decode().rsplit(":lease:", 1)[1]] = 1  # leased: its run may not have started
+            for call, leased in calls.items():
                 session = self.call_session.get(call)
-                if session is None or (pid, call) in self._counted:
+                if session is None or self.redis.hexists(self.results_key(session), call):
                     continue
-                if not self.redis.hexists(self.results_key(session), call):
-                    self._counted.add((pid, call))
-                    self.interrupted[call] += 1
+                runs = [r.decode() for r in self.redis.lrange(self.key(f"runlog:{call}"), 0, -1)]
+                mine = sum(r.startswith(f"{pid}@") for r in runs)
+                if leased and not (runs and runs[-1].startswith(f"{pid}@")):
+                    mine += 1  # it holds the call's lease and its run has not started yet: that run counts
+                new = mine - self._counted.get((pid, call), 0)
+                if new > 0:
+                    self._counted[(pid, call)] = mine
+                    self.interrupted[call] += new
 
     def kill(self, worker: WorkerProcess) -> None:
         """SIGKILL (no cleanup, no ack), then account for what it was running."""
