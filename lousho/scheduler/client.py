@@ -12,6 +12,7 @@ from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import SessionAwaitingApprovalError
+from lousho.executor import _parse_decision as parse_decision
 from lousho.inputs import add_input_to_unfinished, continue_finished
 from lousho.messages import as_messages
 from lousho.stores.redis import RedisStore
@@ -107,8 +108,12 @@ class Client:
         return self.store.checkpoints.load(validate_session_id(session_id))
 
     def resolve_approval(self, approval_id: str, *, approved: bool, note: str | None = None) -> ApprovalSnapshot:
-        """Record the decision (once: a second one raises) and let the fleet continue the run."""
-        snapshot = self.store.approvals.decide(approval_id, approved, note)
+        """Record the decision (once: a second one raises) and let the fleet continue the run.
+
+        A malformed decision (an id that is not a string, `approved` not a boolean, a `note` that is
+        not text) raises `InvalidDecisionError` and records nothing, as `resume_after_approval` does."""
+        decision = parse_decision({"id": approval_id, "approved": approved, "note": note})
+        snapshot = self.store.approvals.decide(decision.id, decision.approved, decision.note)
         if snapshot.session_id is not None:
             # Back in the in-flight index first: if the message below is lost (or its worker dies),
             # the reaper requeues the session; a paused session is otherwise out of the index for good.
