@@ -57,7 +57,7 @@ class Client:
 
         The record is saved before the message is sent, so a lost message is recovered by the
         reaper. On an existing session the input follows the reference's rules for `execute()`."""
-        session_id = validate_session_id(session_id or f"job-{uuid.uuid4().hex[:16]}")
+        session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
         messages = as_messages(input)
         stored = self.store.checkpoints.load(session_id)
         if stored is None:
