@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -100,6 +101,7 @@ def attempt(results: dict[str, Any], names: set[str], title: str, call: Callable
 def measure(config: Config, parts: set[str]) -> dict[str, Any]:
     started = time.monotonic()
     load_before = os.getloadavg()[0]
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M")
     results: dict[str, Any] = {}
     with redis_target() as (url, where):
         client = redis.Redis.from_url(url)
@@ -134,7 +136,7 @@ def measure(config: Config, parts: set[str]) -> dict[str, Any]:
                 "mode": config.mode,
                 "config": asdict(config),
                 "parts": sorted(parts),
-                "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+                "started": stamp,
                 "elapsed_s": time.monotonic() - started,
                 "machine": machine(),
                 "versions": versions(client),
@@ -166,11 +168,31 @@ def write(results: dict[str, Any], out: Path) -> None:
         log(f"no plots: matplotlib is not installed ({exc}); pip install 'lousho[bench]'")
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     (out / "README.md").write_text(report.markdown(results), encoding="utf-8")
+    (out / "summary.md").write_text(report.summary(results, link_base(out)), encoding="utf-8")
+
+
+def link_base(out: Path) -> str:
+    """`out` as the project README would link it: relative to the checkout that holds it."""
+    for root in (ROOT, git_toplevel(out)):
+        try:
+            return out.resolve().relative_to(root).as_posix() if root else out.as_posix()
+        except ValueError:
+            continue
+    return out.resolve().as_posix()
+
+
+def git_toplevel(folder: Path) -> Path | None:
     try:
-        folder = out.resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        folder = out.as_posix()
-    (out / "summary.md").write_text(report.summary(results, folder), encoding="utf-8")
+        found = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--show-toplevel"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(found.stdout.strip()).resolve()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,8 +201,18 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="few repeats, a CI smoke (< 3 minutes)")
     mode.add_argument("--full", action="store_true", help="the real figures (the default; ~10 minutes)")
     parser.add_argument("--out", help="output folder (default: docs/bench, or docs/bench/quick with --quick)")
+    parser.add_argument(
+        "--render",
+        metavar="RESULTS_JSON",
+        help="measure nothing: write the tables and plots of a results.json again (into --out, default: its folder)",
+    )
     parser.add_argument("--only", help=f"comma-separated parts among {', '.join(PARTS)} (default: all)")
     args = parser.parse_args(argv)
+    if args.render:
+        source = Path(args.render)
+        results = json.loads(source.read_text(encoding="utf-8"))
+        write(results, Path(args.out) if args.out else source.parent)
+        return 0
     config = QUICK if args.quick else FULL
     parts = set(PARTS) if not args.only else {p.strip() for p in args.only.split(",") if p.strip()}
     unknown = parts - set(PARTS)
