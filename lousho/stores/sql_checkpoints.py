@@ -1,23 +1,52 @@
 """`SqlCheckpointStore`: the latest checkpoint per session and its history ring, in SQL.
 
-Every save is a compare-and-set done by the database itself (`UPDATE ... WHERE version
-= :previous`, or an INSERT that a unique key refuses), so two processes can never both
-win a save, whatever their clocks say.
+Every save is a compare-and-set done by the database itself (the session's row is locked,
+its version compared, then `UPDATE ... WHERE version = :previous`, or an INSERT that a unique
+key refuses), so two processes can never both win a save, whatever their clocks say.
+
+A save's cost does not grow with the transcript. The messages are stored once, in
+`lousho_messages` (appended, never rewritten); the `lousho_checkpoints` row and each
+`checkpoint_history` row hold a head: the checkpoint without its messages plus the slices of
+`lousho_messages` it uses (format: `lousho.stores.sql_records`). The store remembers the last
+checkpoint it saved or loaded per session, so a save finds the unchanged prefix by identity and
+inserts only the new messages, in the same transaction as the compare-and-set. When it does not
+know the stored head (another process wrote it, the cache was cold), it reads the stored messages
+and appends only what differs. Rows written by an older lousho (a whole checkpoint JSON in
+`data`) are read as they are.
+
+Messages of a transcript a save rewrote (rare: a patched fork into the same session) stay until
+the session is deleted; `delete(keep_history=True)` keeps the messages its history refers to, and
+`prune()` removes the messages of sessions left with neither a checkpoint nor history.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
-from lousho.errors import CheckpointConflictError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError
 from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
+from lousho.stores.sql_records import (
+    Head,
+    Known,
+    Segments,
+    SessionCache,
+    Transcript,
+    common_prefix,
+    encode_record,
+    extend_segments,
+    kept_segments,
+    split_record,
+    text_prefix,
+)
+from lousho.stores.sql_transcripts import MessageRows
 
 __all__ = ["Pruned", "SqlCheckpointStore"]
 
@@ -29,47 +58,87 @@ class Pruned(NamedTuple):
     history: int
 
 
+class _Statements:
+    """The statements of a save, built once (building them costs more than running them on SQLite)."""
+
+    def __init__(self, db: SqlDatabase) -> None:
+        table, history, sid = db.checkpoints, db.history, sa.bindparam("sid", type_=sa.String())
+        self.lock = sa.select(table.c.version, table.c.data).where(table.c.session_id == sid).with_for_update()
+        self.update = table.update().where(table.c.session_id == sid, table.c.version == sa.bindparam("previous"))
+        self.push = history.insert()
+        self._history = history
+        self._trims: dict[int, sa.Delete] = {}
+
+    def trim(self, limit: int) -> sa.Delete:
+        """Delete all but the session's newest `limit` history rows."""
+        found = self._trims.get(limit)
+        if found is None:
+            history, sid = self._history, sa.bindparam("sid", type_=sa.String())
+            newest = sa.select(history.c.id).where(history.c.session_id == sid).order_by(history.c.id.desc())
+            found = history.delete().where(history.c.session_id == sid, history.c.id.not_in(newest.limit(limit)))
+            self._trims[limit] = found
+        return found
+
+
 class SqlCheckpointStore:
     """Latest checkpoint per session (compare-and-set on `version`) plus a history ring."""
 
-    def __init__(self, db: SqlDatabase, *, history_limit: int = 50) -> None:
+    def __init__(self, db: SqlDatabase, *, history_limit: int = 50, cache_size: int = 1024) -> None:
         self._db = db
         self.history_limit = history_limit
+        self._rows = MessageRows(db)
+        self._cache = SessionCache(cache_size)
+        self._sql = _Statements(db)
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
-        raw, now, table = checkpoint.model_dump_json(), naive_utc_now(), self._db.checkpoints
-        values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": raw}
-        previous = checkpoint.version - 1
+        writer, previous = uuid.uuid4().hex, checkpoint.version - 1
         try:
             with self._db.write() as conn:
-                where = sa.and_(table.c.session_id == session_id, table.c.version == previous)
-                if conn.execute(table.update().where(where).values(**values)).rowcount != 1:
-                    found = self._version(conn, session_id)
-                    if previous != 0 or found is not None:
-                        raise CheckpointConflictError(session_id, previous, found)
-                    conn.execute(table.insert().values(session_id=session_id, **values))
-                self._push_history(conn, session_id, checkpoint, raw, now)
+                self._write(conn, session_id, checkpoint, writer)
         except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
             with self._db.read() as conn:
                 raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None
+        self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
 
-    def _push_history(self, conn: Connection, session_id: str, checkpoint: Checkpoint, raw: str, now: datetime) -> None:
-        if self.history_limit <= 0:
-            return
-        history = self._db.history
-        conn.execute(
-            history.insert().values(
-                session_id=session_id, step=checkpoint.step_index, status=checkpoint.status, saved_at=now, data=raw
-            )
-        )
-        newest = (
-            sa.select(history.c.id)
-            .where(history.c.session_id == session_id)
-            .order_by(history.c.id.desc())
-            .limit(self.history_limit)
-        )
-        conn.execute(history.delete().where(history.c.session_id == session_id, history.c.id.not_in(newest)))
+    def _write(self, conn: Connection, session_id: str, checkpoint: Checkpoint, writer: str) -> None:
+        previous, sql = checkpoint.version - 1, self._sql
+        row = conn.execute(sql.lock, {"sid": session_id}).first()
+        found = None if row is None else int(row.version)
+        if found != previous and not (found is None and previous == 0):
+            raise CheckpointConflictError(session_id, previous, found)
+        segments, texts = self._plan(conn, session_id, checkpoint, None if row is None else _head_of(row.data))
+        base = self._rows.append(conn, session_id, texts)
+        record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)))
+        now = naive_utc_now()
+        values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": record}
+        if row is None:
+            conn.execute(self._db.checkpoints.insert(), {"session_id": session_id, **values})
+        elif conn.execute(sql.update, {"sid": session_id, "previous": previous, **values}).rowcount != 1:
+            raise CheckpointConflictError(session_id, previous, self._version(conn, session_id))
+        if self.history_limit > 0:
+            history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
+            conn.execute(sql.push, {**history, "saved_at": now, "data": record})
+            conn.execute(sql.trim(self.history_limit), {"sid": session_id})
+
+    def _plan(
+        self, conn: Connection, session_id: str, checkpoint: Checkpoint, head: Head | None
+    ) -> tuple[Segments, list[str]]:
+        """The stored segments the new transcript keeps, and the JSON of the messages to append.
+
+        Known head: the kept prefix by identity, only the new messages serialized. Otherwise the
+        whole transcript is serialized and compared with the stored one (read once)."""
+        known = self._cache.reusable(session_id, checkpoint.version - 1, head)
+        if known is not None and head is not None:
+            keep = common_prefix(known.messages, checkpoint.messages)
+            kept = kept_segments(head.segments, keep)
+            if kept is not None:
+                return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
+        texts = [m.model_dump_json() for m in checkpoint.messages]
+        if head is None or not head.segments:
+            return [], texts
+        keep = text_prefix(self._rows.read(conn, session_id, [head]).texts(head.segments), texts)
+        return kept_segments(head.segments, keep) or [], texts[keep:]
 
     def _version(self, conn: Connection, session_id: str) -> int | None:
         table = self._db.checkpoints
@@ -77,25 +146,40 @@ class SqlCheckpointStore:
         return None if found is None else int(found)
 
     def load(self, session_id: str) -> Checkpoint | None:
-        raw = self.get_raw(session_id)
-        return None if raw is None else decode_checkpoint(session_id, raw)
+        """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
+        table = self._db.checkpoints
+        with self._db.read() as conn:
+            raw = conn.execute(sa.select(table.c.data).where(table.c.session_id == session_id)).scalar()
+            if raw is None:
+                return None
+            data, head = split_record(session_id, raw)
+            transcript = None if head is None else self._rows.read(conn, session_id, [head])
+        checkpoint = _decode(session_id, data, head, transcript)
+        if head is not None:
+            self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
+        return checkpoint
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
+        """Forget the session; with `keep_history` its history and the messages it refers to stay."""
         with self._db.write() as conn:
             conn.execute(self._db.checkpoints.delete().where(self._db.checkpoints.c.session_id == session_id))
             if not keep_history:
                 conn.execute(self._db.history.delete().where(self._db.history.c.session_id == session_id))
+                self._rows.delete(conn, session_id)
+        self._cache.drop(session_id)
 
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
-        """The session's saves, newest first (at most `limit`); an unknown session has none."""
+        """The session's saves, newest first (at most `limit`), each as it was saved; an unknown session has none."""
         history = self._db.history
         query = sa.select(history.c.saved_at, history.c.data).where(history.c.session_id == session_id)
         query = query.order_by(history.c.id.desc()).limit(limit)
         with self._db.read() as conn:
-            rows = conn.execute(query).all()
+            records = [(saved_at, *split_record(session_id, data)) for saved_at, data in conn.execute(query)]
+            heads = [head for _, _, head in records if head is not None]
+            transcript = self._rows.read(conn, session_id, heads) if heads else None
         entries = []
-        for saved_at, data in rows:
-            checkpoint = decode_checkpoint(session_id, data)
+        for saved_at, data, head in records:
+            checkpoint = _decode(session_id, data, head, transcript)
             stamp = saved_at.replace(tzinfo=UTC).isoformat()
             entries.append(
                 HistoryEntry(
@@ -114,11 +198,18 @@ class SqlCheckpointStore:
             return list(conn.execute(query).scalars())
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:
-        """Remove finished checkpoints last saved before the cutoff, and history entries saved before it."""
+        """Remove finished checkpoints last saved before the cutoff, history entries saved before it,
+        and the messages of sessions left with neither."""
         cutoff, table, history = cutoff_time(older_than), self._db.checkpoints, self._db.history
+        old_finished = sa.and_(table.c.status == "finished", table.c.updated_at < cutoff)
         with self._db.write() as conn:
-            removed = conn.execute(table.delete().where(table.c.status == "finished", table.c.updated_at < cutoff))
+            touched = set(conn.execute(sa.select(table.c.session_id).where(old_finished)).scalars())
+            touched.update(conn.execute(sa.select(history.c.session_id).where(history.c.saved_at < cutoff)).scalars())
+            removed = conn.execute(table.delete().where(old_finished))
             dropped = conn.execute(history.delete().where(history.c.saved_at < cutoff))
+            self._rows.delete_unreferenced(conn, touched)
+        for session_id in touched:
+            self._cache.drop(session_id)
         return Pruned(checkpoints=removed.rowcount, history=dropped.rowcount)
 
     def get_raw(self, session_id: str) -> str | None:
@@ -144,3 +235,21 @@ class SqlCheckpointStore:
         }
         with self._db.write() as conn:
             conn.execute(self._db.upsert(self._db.checkpoints, "session_id", values))
+        self._cache.drop(session_id)
+
+
+def _head_of(raw: str) -> Head | None:
+    """The stored head's header, for a save; None for a whole-checkpoint row or one that cannot be read
+    (a save over it writes the whole transcript, as it always did)."""
+    try:
+        return split_record("", raw)[1]
+    except CorruptCheckpointError:
+        return None
+
+
+def _decode(session_id: str, data: Any, head: Head | None, transcript: Transcript | None) -> Checkpoint:
+    """A stored record as a checkpoint: a whole checkpoint JSON as it is, a head with the messages it names."""
+    if head is None or transcript is None:
+        return decode_checkpoint(session_id, data)
+    data["messages"] = transcript.take(head.segments)
+    return decode_checkpoint(session_id, data)

@@ -1,9 +1,9 @@
 """What the SQL store's parts share: the tables, the engine, transactions and error translation.
 
-Tables (created on first use; `checkpoint_history` is added to a database written
-before history existed): `lousho_checkpoints` (latest checkpoint per session),
-`checkpoint_history` (the newest `history_limit` saves per session) and
-`lousho_approvals`.
+Tables (created on first use; a missing one is added to a database written by an older
+lousho): `lousho_checkpoints` (latest checkpoint per session), `checkpoint_history` (the newest
+`history_limit` saves per session), `lousho_messages` (every message of a session, stored once,
+which the first two refer to; see `lousho.stores.sql_checkpoints`) and `lousho_approvals`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ _WRITE = "lousho_write"
 """Execution option of a connection whose transaction writes (BEGIN IMMEDIATE on SQLite)."""
 
 
-def tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table]:
-    """The three tables, in `schema` when given (PostgreSQL)."""
+def tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Table, sa.Table]:
+    """The tables (checkpoints, history, approvals, messages), in `schema` when given (PostgreSQL)."""
     meta = sa.MetaData(schema=schema)
     checkpoints = sa.Table(
         "lousho_checkpoints",
@@ -64,7 +64,14 @@ def tables(schema: str | None) -> tuple[sa.MetaData, sa.Table, sa.Table, sa.Tabl
         sa.Column("data", sa.Text, nullable=False),
         sa.Index("ix_lousho_approvals_pending", "status", "session_id"),
     )
-    return meta, checkpoints, history, approvals
+    messages = sa.Table(
+        "lousho_messages",
+        meta,
+        sa.Column("session_id", sa.String(200), primary_key=True),
+        sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("data", sa.Text, nullable=False),
+    )
+    return meta, checkpoints, history, approvals, messages
 
 
 def naive_utc_now() -> datetime:
@@ -111,7 +118,7 @@ class SqlDatabase:
             raise ConfigurationError("not a database URL: use dialect+driver://user:password@host/database") from None
         self.label = self.url.render_as_string(hide_password=True)
         self.schema = schema
-        self.meta, self.checkpoints, self.history, self.approvals = tables(schema)
+        self.meta, self.checkpoints, self.history, self.approvals, self.messages = tables(schema)
         self.engine = self._create_engine(dict(engine_kwargs or {}))
         self._ready = False
         self._ready_lock = threading.Lock()
@@ -148,7 +155,7 @@ class SqlDatabase:
             ) from error
 
     def ensure_tables(self) -> None:
-        """Create what is missing (all tables on a new database, `checkpoint_history` on an old one)."""
+        """Create what is missing (all tables on a new database, the newer ones on an old one)."""
         if self._ready:
             return
         with self._ready_lock, self.translate():
@@ -178,9 +185,13 @@ class SqlDatabase:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
+        """A read transaction on one snapshot (a head and the messages it names agree)."""
         self.ensure_tables()
-        with self.translate(), self.engine.connect() as conn, conn.begin():
-            yield conn
+        with self.translate(), self.engine.connect() as conn:
+            if self.engine.dialect.name == "postgresql":  # SQLite: a read transaction is one snapshot already
+                conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
 
     def upsert(self, table: sa.Table, key: str, values: dict[str, Any]) -> Any:
         """INSERT ... ON CONFLICT DO UPDATE in either dialect."""

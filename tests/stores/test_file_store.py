@@ -36,6 +36,7 @@ def test_atomic_replace_leaves_no_temporary_files(store: FileStore) -> None:
         "checkpoints/s-1.json",
         "locks/approval-appr_1.lock",
         "locks/cp-s-1.lock",
+        "messages/s-1.jsonl",
     ]
     assert store.checkpoints.load("s-1").version == 20  # type: ignore[union-attr]
     assert [e.step for e in store.checkpoints.history("s-1")] == [20, 19, 18, 17, 16]

@@ -1,0 +1,68 @@
+"""`FileApprovalStore`: approval snapshots as JSON files, one per approval (`approvals/<id>.json`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.file_folder import Folder, atomic_write, file_name, read_file
+
+__all__ = ["FileApprovalStore"]
+
+
+class FileApprovalStore:
+    """Approval snapshots, one file each; `decide` holds the approval's lock, so exactly one caller wins."""
+
+    def __init__(self, directory: str | os.PathLike[str] | Folder) -> None:
+        self._folder = directory if isinstance(directory, Folder) else Folder(directory)
+
+    def _path(self, approval_id: str) -> Path:
+        return self._folder.approvals / f"{file_name(approval_id)}.json"
+
+    def save(self, snapshot: ApprovalSnapshot) -> None:
+        with self._folder.locked(f"approval-{file_name(snapshot.id)}"), self._folder.translate():
+            atomic_write(self._path(snapshot.id), snapshot.model_dump_json().encode())
+
+    def load(self, approval_id: str) -> ApprovalSnapshot | None:
+        with self._folder.translate():
+            raw = read_file(self._path(approval_id))
+        return None if raw is None else decode_snapshot(approval_id, raw)
+
+    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        with self._folder.locked(f"approval-{file_name(approval_id)}"):
+            snapshot = self.load(approval_id)
+            if snapshot is None:
+                raise ApprovalNotFoundError(
+                    f"no approval {approval_id!r} in {self._folder.root}; check the id and the store"
+                )
+            if snapshot.status != "pending":
+                raise ApprovalAlreadyResolvedError(
+                    f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; it is not run again"
+                )
+            status = "approved" if approved else "rejected"
+            decided = snapshot.model_copy(update={"status": status, "note": note, "decided_at": utc_now()})
+            with self._folder.translate():
+                atomic_write(self._path(approval_id), decided.model_dump_json().encode())
+            return decided
+
+    def reopen(self, approval_id: str) -> None:
+        """Put a decided approval back to pending; an unknown id is left alone."""
+        with self._folder.locked(f"approval-{file_name(approval_id)}"):
+            snapshot = self.load(approval_id)
+            if snapshot is not None:
+                reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
+                with self._folder.translate():
+                    atomic_write(self._path(approval_id), reopened.model_dump_json().encode())
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first."""
+        with self._folder.translate():
+            raws = [
+                (name, read_file(self._folder.approvals / f"{name}.json"))
+                for name in self._folder.names(self._folder.approvals)
+            ]
+        snapshots = [decode_snapshot(name, raw) for name, raw in raws if raw is not None]
+        waiting = [s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)]
+        return sorted(waiting, key=lambda s: (s.created_at, s.id))

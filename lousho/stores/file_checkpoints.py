@@ -1,0 +1,348 @@
+"""`FileCheckpointStore`: the latest checkpoint per session and its history, as files.
+
+Per session (`<name>`: the session id, or a hash of it when it is not a safe file name):
+
+    messages/<name>.jsonl           every message of the session, once, one JSON per line, appended
+    checkpoints/<name>.json         the head of the latest checkpoint
+    checkpoint-history/<name>.json  {"entries": [{"saved_at", "checkpoint": <head>}, ...]}, newest first,
+                                    one entry per line (a save adds a line without parsing the others)
+
+A head is the checkpoint without its messages, behind a header naming the lines it uses and the
+extent of the messages file in use (`lousho.stores.sql_records`; FileStore adds `n` lines and
+`b` bytes). A save appends only the new messages (fsync), then replaces the head and the history
+file atomically, so neither the bytes written nor a history entry grow with the transcript. A
+crash between the append and the head leaves lines that no head counts; they are never read
+and the next save cuts them off. Files written by an older lousho (whole checkpoints) are read
+as they are.
+
+A save is a compare-and-set under an exclusive flock on the session's lock file; reads take it
+shared. A history file damaged anyway reads as no history and is rebuilt by the next save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from contextlib import suppress
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from lousho.approvals import utc_now
+from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
+from lousho.errors import CorruptCheckpointError, SDKError
+from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
+from lousho.stores.file_messages import Extent, append_lines, read_lines
+from lousho.stores.sql_records import (
+    Head,
+    Known,
+    Segments,
+    SessionCache,
+    Transcript,
+    common_prefix,
+    encode_record,
+    extend_segments,
+    kept_segments,
+    split_record,
+    text_prefix,
+)
+
+__all__ = ["FileCheckpointStore", "FilePruned"]
+
+
+class FilePruned(NamedTuple):
+    """What `prune()` removed."""
+
+    checkpoints: int
+    history: int
+
+
+def _extent(head: Head) -> Extent:
+    return head.extra.get("n", 0), head.extra.get("b", 0)
+
+
+def _valid_extent(head: Head) -> bool:
+    return "n" in head.extra and "b" in head.extra and head.end <= head.extra["n"]
+
+
+class FileCheckpointStore:
+    """Latest checkpoint per session as a head file, its messages in a file of their own, plus a history file."""
+
+    def __init__(
+        self, directory: str | os.PathLike[str] | Folder, *, history_limit: int = 50, cache_size: int = 1024
+    ) -> None:
+        self._folder = directory if isinstance(directory, Folder) else Folder(directory)
+        self.history_limit = history_limit
+        self._cache = SessionCache(cache_size)
+
+    def _path(self, name: str) -> Path:
+        return self._folder.checkpoints / f"{name}.json"
+
+    def _history_path(self, name: str) -> Path:
+        return self._folder.history / f"{name}.json"
+
+    def _messages_path(self, name: str) -> Path:
+        return self._folder.messages / f"{name}.jsonl"
+
+    # -- save ------------------------------------------------------------------------------
+
+    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
+        """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written.
+
+        A stored head that cannot be read raises `CorruptCheckpointError` and is not overwritten."""
+        name, writer = file_name(session_id), uuid.uuid4().hex
+        with self._folder.locked(f"cp-{name}"), self._folder.translate():
+            self._save_locked(session_id, name, checkpoint, writer)
+        self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
+
+    def _save_locked(self, session_id: str, name: str, checkpoint: Checkpoint, writer: str) -> None:
+        head = self._check_stored(session_id, read_file(self._path(name)), checkpoint)
+        entries = self._history_lines(name)
+        if head is not None:  # a head's extent covers every earlier save's
+            extent = _extent(head)
+        else:  # none (or an older layout's): what the history kept uses
+            extent = max((_extent(h) for h in _entry_heads(_parse_lines(entries))), default=(0, 0))
+        segments, texts = self._plan(session_id, name, checkpoint, head, extent)
+        lines, size = append_lines(session_id, self._messages_path(name), extent, texts)
+        segments = extend_segments(segments, extent[0], len(texts))
+        record = encode_record(checkpoint, writer, segments, n=lines, b=size)
+        atomic_write(self._path(name), record.encode())
+        if self.history_limit > 0:
+            entry = '{"saved_at": ' + json.dumps(utc_now()) + ', "checkpoint": ' + record + "}"
+            self._write_lines(name, [entry.encode(), *entries][: self.history_limit])
+
+    def _check_stored(self, session_id: str, raw: bytes | None, checkpoint: Checkpoint) -> Head | None:
+        """The stored head's header (None: none stored, or a whole checkpoint), after the version check."""
+        if raw is None:
+            check_version(session_id, None, checkpoint)
+            return None
+        data, head = split_record(session_id, raw)
+        if head is not None:
+            if not _valid_extent(head):
+                raise CorruptCheckpointError(session_id, "its store header is damaged")
+            data["messages"] = []
+        check_version(session_id, decode_checkpoint(session_id, data).version, checkpoint)
+        return head
+
+    def _plan(
+        self, session_id: str, name: str, checkpoint: Checkpoint, head: Head | None, extent: Extent
+    ) -> tuple[Segments, list[str]]:
+        """The stored lines the new transcript keeps, and the JSON of the messages to append.
+
+        Known head: the kept prefix by identity, only the new messages serialized. Otherwise the
+        whole transcript is serialized and compared with the stored one (the file read once)."""
+        known = self._cache.reusable(session_id, checkpoint.version - 1, head)
+        if known is not None and head is not None:
+            keep = common_prefix(known.messages, checkpoint.messages)
+            kept = kept_segments(head.segments, keep)
+            if kept is not None:
+                return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
+        texts = [m.model_dump_json() for m in checkpoint.messages]
+        if head is None or not head.segments:
+            return [], texts
+        stored = Transcript(session_id, read_lines(session_id, self._messages_path(name), extent))
+        keep = text_prefix(stored.texts(head.segments), texts)
+        return kept_segments(head.segments, keep) or [], texts[keep:]
+
+    # -- load ------------------------------------------------------------------------------
+
+    def load(self, session_id: str) -> Checkpoint | None:
+        """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
+        name = file_name(session_id)
+        with self._folder.shared(f"cp-{name}"), self._folder.translate():
+            raw = read_file(self._path(name))
+            if raw is None:
+                return None
+            data, head = split_record(session_id, raw)
+            if head is None:
+                return decode_checkpoint(session_id, data)
+            if not _valid_extent(head):
+                raise CorruptCheckpointError(session_id, "its store header is damaged")
+            lines = read_lines(session_id, self._messages_path(name), _extent(head))
+        data["messages"] = Transcript(session_id, lines).take(head.segments)
+        checkpoint = decode_checkpoint(session_id, data)
+        self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
+        return checkpoint
+
+    def _head_checkpoint(self, name: str) -> Checkpoint | None:
+        """The latest checkpoint of a file name without its messages (None: none, or unreadable)."""
+        with suppress(SDKError, ValueError, UnicodeDecodeError):
+            raw = read_file(self._path(name))
+            if raw is not None:
+                data = json.loads(raw)
+                session_id = str(data.get("session_id")) if isinstance(data, dict) else name
+                data, head = split_record(session_id, data)
+                if head is not None:
+                    data["messages"] = []
+                checkpoint = decode_checkpoint(session_id, data)
+                return checkpoint if file_name(checkpoint.session_id) == name else None
+        return None
+
+    # -- history ---------------------------------------------------------------------------
+
+    def _history_lines(self, name: str) -> list[bytes]:
+        """The history file's entries as JSON lines; a damaged file counts as no history (the next
+        save rewrites it), a file of an older layout is read whole."""
+        raw = read_file(self._history_path(name))
+        if raw is None:
+            return []
+        if raw.startswith(_OPEN) and raw.endswith(_CLOSE):
+            body = raw[len(_OPEN) : -len(_CLOSE)]
+            return [line.removesuffix(b",") for line in body.split(b"\n")] if body else []
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            return []
+        entries = data.get("entries") if isinstance(data, dict) else None
+        return [json.dumps(e).encode() for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+    def _entries(self, name: str) -> list[dict[str, Any]]:
+        return _parse_lines(self._history_lines(name))
+
+    def _write_lines(self, name: str, lines: list[bytes]) -> None:
+        atomic_write(self._history_path(name), _OPEN + b",\n".join(lines) + _CLOSE)
+
+    def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
+        """The session's saves, newest first (at most `limit`), each as it was saved; entries that
+        cannot be read are skipped."""
+        name = file_name(session_id)
+        with self._folder.shared(f"cp-{name}"), self._folder.translate():
+            records = []
+            for entry in self._entries(name)[:limit]:
+                with suppress(KeyError, SDKError):
+                    records.append((str(entry["saved_at"]), *split_record(session_id, entry["checkpoint"])))
+            heads = [head for _, _, head in records if head is not None and _valid_extent(head)]
+            extent = max((_extent(head) for head in heads), default=(0, 0))
+            lines = read_lines(session_id, self._messages_path(name), extent, strict=False)
+        transcript, result = Transcript(session_id, lines), []
+        for saved_at, data, head in records:
+            try:
+                if head is not None:
+                    if not _valid_extent(head) or head.end > len(lines):
+                        continue
+                    data["messages"] = transcript.take(head.segments)
+                checkpoint = decode_checkpoint(session_id, data)
+            except SDKError:
+                continue
+            result.append(
+                HistoryEntry(
+                    step=checkpoint.step_index, saved_at=saved_at, status=checkpoint.status, checkpoint=checkpoint
+                )
+            )
+        return result
+
+    # -- delete, sessions, prune -----------------------------------------------------------
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        """Forget the session; with `keep_history` its history and the messages it refers to stay."""
+        name = file_name(session_id)
+        with self._folder.locked(f"cp-{name}"), self._folder.translate():
+            paths = [self._path(name)]
+            if not keep_history:
+                paths += [self._history_path(name), self._messages_path(name)]
+            for path in paths:
+                with suppress(FileNotFoundError):
+                    path.unlink()
+            fsync_dir(self._folder.checkpoints)
+        self._cache.drop(session_id)
+
+    def sessions(self, status: str | None = None) -> list[str]:
+        """Sessions with a latest checkpoint, sorted; only readable ones with `status` when given."""
+        with self._folder.translate():
+            names = self._folder.names(self._folder.checkpoints)
+        if status is None:
+            return names
+        found = []
+        for name in names:
+            checkpoint = self._head_checkpoint(name)
+            if checkpoint is not None and checkpoint.status == status:
+                found.append(name)
+        return found
+
+    def prune(self, older_than: datetime | timedelta) -> FilePruned:
+        """Remove finished checkpoints last written before the cutoff, history entries saved before it,
+        and the messages of sessions left with neither."""
+        cutoff = datetime.now(UTC) - older_than if isinstance(older_than, timedelta) else older_than
+        cutoff = cutoff if cutoff.tzinfo else cutoff.replace(tzinfo=UTC)
+        folder, removed, dropped = self._folder, 0, 0
+        with folder.translate():
+            names = set(folder.names(folder.checkpoints)) | set(folder.names(folder.history))
+            names |= set(folder.names(folder.messages, ".jsonl"))
+        for name in sorted(names):
+            with folder.locked(f"cp-{name}"), folder.translate():
+                removed += self._prune_head(name, cutoff)
+                dropped += self._prune_history(name, cutoff)
+        return FilePruned(checkpoints=removed, history=dropped)
+
+    def _prune_head(self, name: str, cutoff: datetime) -> int:
+        path = self._path(name)
+        with suppress(FileNotFoundError):
+            if datetime.fromtimestamp(path.stat().st_mtime, UTC) < cutoff:
+                checkpoint = self._head_checkpoint(name)
+                if checkpoint is not None and checkpoint.status == "finished":
+                    path.unlink()
+                    self._cache.drop(checkpoint.session_id)
+                    return 1
+        return 0
+
+    def _prune_history(self, name: str, cutoff: datetime) -> int:
+        """Drop old entries; remove the messages file when neither a head nor an entry is left."""
+        entries = self._entries(name)
+        kept = [e for e in entries if _is_after(e.get("saved_at"), cutoff)]
+        if kept and len(kept) != len(entries):
+            self._write_lines(name, [json.dumps(e).encode() for e in kept])
+        elif not kept:
+            with suppress(FileNotFoundError):
+                self._history_path(name).unlink()
+        if not kept and not self._path(name).exists():
+            with suppress(FileNotFoundError):
+                self._messages_path(name).unlink()
+        return len(entries) - len(kept)
+
+    # -- raw records (tests) ---------------------------------------------------------------
+
+    def get_raw(self, session_id: str) -> bytes | None:
+        """The stored bytes of the latest checkpoint (its head), as they are (for inspection and tests)."""
+        with self._folder.translate():
+            return read_file(self._path(file_name(session_id)))
+
+    def put_raw(self, session_id: str, raw: str | bytes) -> None:
+        """Store `raw` as the latest checkpoint without checking it (tests of old, corrupt and foreign records)."""
+        name = file_name(session_id)
+        with self._folder.locked(f"cp-{name}"), self._folder.translate():
+            atomic_write(self._path(name), raw.encode() if isinstance(raw, str) else raw)
+        self._cache.drop(session_id)
+
+
+_OPEN, _CLOSE = b'{"entries": [\n', b"\n]}"
+"""A history file is this, its entries (one JSON object per line) joined by ",\n", and this."""
+
+
+def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
+    entries = []
+    for line in lines:
+        with suppress(ValueError, UnicodeDecodeError):
+            entry = json.loads(line)
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries
+
+
+def _entry_heads(entries: list[dict[str, Any]]) -> list[Head]:
+    """The headers of history entries that have one (the extent of the messages file they use)."""
+    heads = []
+    for entry in entries:
+        with suppress(SDKError):
+            head = split_record("", entry.get("checkpoint") or {})[1]
+            if head is not None and _valid_extent(head):
+                heads.append(head)
+    return heads
+
+
+def _is_after(saved_at: Any, cutoff: datetime) -> bool:
+    try:
+        stamp = datetime.fromisoformat(str(saved_at))
+    except ValueError:
+        return False
+    return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)) >= cutoff

@@ -1,0 +1,70 @@
+"""FileStore's per-session messages file: `messages/<session>.jsonl`, one message JSON per line.
+
+Lines are only appended, under the session's lock, and fsynced before the head that counts
+them replaces the old one. A head records the extent in use: `n` lines, `b` bytes. Whatever
+lies past the newest extent (a save that crashed between its append and its head) is counted
+by no head, is never read, and is cut off by the next save.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from lousho.errors import CorruptCheckpointError
+from lousho.stores.file_folder import fsync_dir
+
+__all__ = ["Extent", "append_lines", "read_lines"]
+
+Extent = tuple[int, int]
+"""(lines, bytes) of a messages file that a head counts."""
+
+
+def append_lines(session_id: str, path: Path, extent: Extent, texts: Sequence[str]) -> Extent:
+    """Cut the file to `extent`, append `texts` as lines, fsync; the new extent.
+
+    A file shorter than `extent` (damaged or removed by hand) raises `CorruptCheckpointError`
+    and is left as it is."""
+    lines, size = extent
+    data = "".join(text + "\n" for text in texts).encode()
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        found = os.fstat(fd).st_size
+        if found < size:
+            raise CorruptCheckpointError(
+                session_id, f"its messages file {path.name} is shorter than its head says; the save was refused"
+            )
+        if found > size:  # lines of a save that did not finish
+            os.ftruncate(fd, size)
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], size + written)
+        if data or found > size:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if found == 0 and data:  # a new file: make its name durable too
+        fsync_dir(path.parent)
+    return lines + len(texts), size + len(data)
+
+
+def read_lines(session_id: str, path: Path, extent: Extent, *, strict: bool = True) -> list[bytes]:
+    """The first `extent` lines of the file.
+
+    `strict`: a file missing, shorter than the extent, or with another number of lines in it raises
+    `CorruptCheckpointError`; otherwise the complete lines found within the extent are returned."""
+    lines, size = extent
+    if size == 0:
+        return []
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(size)
+    except FileNotFoundError:
+        if strict:
+            raise CorruptCheckpointError(session_id, f"its messages file {path.name} is missing") from None
+        return []
+    found = data.split(b"\n")[:-1]  # the part after the last newline is not a complete line
+    if strict and (len(data) < size or len(found) != lines):
+        raise CorruptCheckpointError(session_id, f"its messages file {path.name} is shorter than its head says")
+    return found

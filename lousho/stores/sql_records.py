@@ -1,0 +1,252 @@
+"""Heads and transcript segments: what SqlStore and FileStore store per save (no SQLAlchemy here).
+
+A session's transcript only grows, so its messages are stored once, appended to a per-session
+sequence (rows of `lousho_messages`, lines of `messages/<session>.jsonl`), and each saved record
+(the latest checkpoint and every history entry) is a *head*: the checkpoint's JSON without its
+messages, behind a store header naming the slices of that sequence it uses:
+
+    {"$store":{"f":1,"w":"<writer id>","s":[[start,count],...], ...},"messages":null, <other fields>}
+
+`"messages":null` makes an older lousho refuse such a record (`CorruptCheckpointError`) instead
+of reading an empty transcript. A record without the header is a whole checkpoint JSON (an older
+layout, or one written by hand) and is read as it is.
+
+A store remembers, per session, the version, writer id and message objects of the last
+checkpoint it saved or loaded (`SessionCache`); when the stored head still carries that writer id,
+a save finds the unchanged prefix by identity (`common_prefix`) and stores only the new messages.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from lousho.checkpoint import Checkpoint, decode_checkpoint
+from lousho.errors import CorruptCheckpointError
+from lousho.messages import Message
+
+__all__ = [
+    "Head",
+    "Known",
+    "SessionCache",
+    "Transcript",
+    "common_prefix",
+    "encode_record",
+    "extend_segments",
+    "kept_segments",
+    "parse_message",
+    "split_record",
+    "text_prefix",
+]
+
+HEADER = "$store"
+FORMAT = 1
+Segments = list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Head:
+    """A record's store header: who wrote it and which slices of the message sequence it uses."""
+
+    writer: str
+    segments: Segments
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Store-specific fields (FileStore: `n` lines and `b` bytes of its messages file in use)."""
+
+    @property
+    def end(self) -> int:
+        """One past the last message position the head uses (0 when it uses none)."""
+        return max((start + count for start, count in self.segments if count), default=0)
+
+
+def encode_record(checkpoint: Checkpoint, writer: str, segments: Segments, **extra: int) -> str:
+    """The head of `checkpoint`: its JSON without messages, behind the header naming `segments`."""
+    body = checkpoint.model_dump_json(exclude={"messages"})
+    header = json.dumps({"f": FORMAT, "w": writer, "s": segments, **extra}, separators=(",", ":"))
+    return '{"' + HEADER + '":' + header + ',"messages":null,' + body[1:]
+
+
+def split_record(session_id: str, raw: object) -> tuple[Any, Head | None]:
+    """A stored record (text, or JSON already parsed) as (its JSON fields, its header), the header
+    None for a whole checkpoint JSON.
+
+    Not JSON, or a damaged or newer header, raises `CorruptCheckpointError`; the caller decodes
+    the fields (`decode_checkpoint`), which checks everything else."""
+    data: Any = raw
+    if isinstance(raw, (str, bytes)):
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            decode_checkpoint(session_id, raw)  # raises, saying "not JSON"
+            raise AssertionError("unreachable") from None
+    elif isinstance(raw, dict):
+        data = dict(raw)
+    if not isinstance(data, dict) or HEADER not in data:
+        return data, None
+    meta = data.pop(HEADER)
+    if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > FORMAT:
+        raise CorruptCheckpointError(
+            session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
+        )
+    head = _head(meta)
+    if head is None:
+        raise CorruptCheckpointError(session_id, "its store header is damaged")
+    return data, head
+
+
+def _head(meta: Any) -> Head | None:
+    if not isinstance(meta, dict) or not isinstance(meta.get("w"), str) or not isinstance(meta.get("s"), list):
+        return None
+    segments: Segments = []
+    for segment in meta["s"]:
+        if not (isinstance(segment, list) and len(segment) == 2 and all(type(n) is int and n >= 0 for n in segment)):
+            return None
+        segments.append((segment[0], segment[1]))
+    extra = {k: v for k, v in meta.items() if k not in ("f", "w", "s")}
+    if not all(type(v) is int and v >= 0 for v in extra.values()):
+        return None
+    return Head(writer=meta["w"], segments=segments, extra=extra)
+
+
+class Transcript:
+    """A session's stored messages by position, parsed lazily and once (history entries share them).
+
+    `rows`: position -> JSON (SQL rows by seq), or the sequence itself (lines of a messages file)."""
+
+    def __init__(self, session_id: str, rows: Mapping[int, str | bytes] | Sequence[str | bytes]) -> None:
+        self._session_id = session_id
+        self._rows = rows
+        self._parsed: dict[int, Message] = {}
+
+    def _raw(self, position: int) -> str | bytes | None:
+        if isinstance(self._rows, Mapping):
+            return self._rows.get(position)
+        return self._rows[position] if 0 <= position < len(self._rows) else None
+
+    def texts(self, segments: Segments) -> list[str | None]:
+        """The stored JSON of each message the segments name (None where one is missing or not text)."""
+        out: list[str | None] = []
+        for start, count in segments:
+            for position in range(start, start + count):
+                raw = self._raw(position)
+                out.append(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+        return out
+
+    def take(self, segments: Segments) -> list[Message]:
+        """The messages the segments name; a missing one raises `CorruptCheckpointError`."""
+        out = []
+        for start, count in segments:
+            for position in range(start, start + count):
+                message = self._parsed.get(position)
+                if message is None:
+                    raw = self._raw(position)
+                    if raw is None:
+                        raise CorruptCheckpointError(self._session_id, "its head names messages that are not stored")
+                    message = self._parsed[position] = parse_message(self._session_id, raw)
+                out.append(message)
+        return out
+
+
+def parse_message(session_id: str, raw: str | bytes) -> Message:
+    try:
+        return Message.model_validate_json(raw)
+    except ValidationError as exc:
+        raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
+
+
+def common_prefix(old: Sequence[Message], new: Sequence[Message]) -> int:
+    """How many leading messages `new` shares with `old`: identity first (consecutive checkpoints
+    of a run share their message objects, so this is pointer compares), then equality."""
+    if len(new) >= len(old) and list(new[: len(old)]) == list(old):
+        return len(old)
+    count = 0
+    for before, after in zip(old, new, strict=False):
+        if before is not after and before != after:
+            break
+        count += 1
+    return count
+
+
+def text_prefix(stored: Sequence[str | None], new: Sequence[str]) -> int:
+    """How many leading serialized messages are the same in both (None: a stored one is missing)."""
+    count = 0
+    for before, after in zip(stored, new, strict=False):
+        if before != after:
+            break
+        count += 1
+    return count
+
+
+def kept_segments(segments: Segments, keep: int) -> Segments | None:
+    """The segments of the first `keep` messages of a transcript stored as `segments` (None: too few)."""
+    out: Segments = []
+    left = keep
+    for start, count in segments:
+        if left <= 0:
+            break
+        taken = min(count, left)
+        out.append((start, taken))
+        left -= taken
+    return None if left > 0 else out
+
+
+def extend_segments(segments: Segments, base: int, count: int) -> Segments:
+    """`segments` followed by `count` messages appended at position `base` (merged when contiguous)."""
+    if count <= 0:
+        return segments
+    if segments and sum(segments[-1]) == base:
+        return [*segments[:-1], (segments[-1][0], segments[-1][1] + count)]
+    return [*segments, (base, count)]
+
+
+@dataclass(frozen=True)
+class Known:
+    """What this store last saw stored for a session: enough to send only new messages."""
+
+    version: int
+    writer: str
+    messages: tuple[Message, ...]
+
+
+class SessionCache:
+    """A small LRU of `Known` per session. An entry is used only when the stored head carries its
+    writer id, so a stale one (another process saved, a save failed) costs a full write, never a
+    wrong save."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, Known] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, session_id: str) -> Known | None:
+        with self._lock:
+            known = self._entries.get(session_id)
+            if known is not None:
+                self._entries.move_to_end(session_id)
+            return known
+
+    def put(self, session_id: str, known: Known) -> None:
+        if self._size <= 0:
+            return
+        with self._lock:
+            self._entries[session_id] = known
+            self._entries.move_to_end(session_id)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def drop(self, session_id: str) -> None:
+        with self._lock:
+            self._entries.pop(session_id, None)
+
+    def reusable(self, session_id: str, version: int, head: Head | None) -> Known | None:
+        """The cached transcript when it is the one `head` (at `version`) stores, else None."""
+        known = self.get(session_id)
+        if known is None or head is None or known.version != version or known.writer != head.writer:
+            return None
+        return known
