@@ -1,7 +1,10 @@
 """`memory_store()`: checkpoints and approvals in this process, for tests and single-process use.
 
-Records are kept as JSON, as a real store keeps them, so what would not survive
-a real store (a business_state that is not JSON) fails here too.
+Like the other stores, a session's messages are kept once and each saved checkpoint (the
+latest and every history entry) refers to a prefix of them, so a save costs the same at
+step 500 as at step 10. Every new message and every head is still turned into JSON, as a
+real store would, so what would not survive a real store (a business_state that is not
+JSON) fails here too.
 """
 
 from __future__ import annotations
@@ -10,11 +13,43 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.messages import Message
 
 __all__ = ["MemoryApprovalStore", "MemoryCheckpointStore", "MemoryStore", "memory_store"]
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One saved checkpoint: its JSON without messages, and how many of the transcript's messages it has."""
+
+    head: str
+    transcript: list[Message]
+    """The session's append-only transcript, shared by its records (messages are frozen)."""
+    count: int
+
+    def checkpoint(self, session_id: str) -> Checkpoint:
+        head = decode_checkpoint(session_id, self.head)
+        return head.model_copy(update={"messages": self.transcript[: self.count]})
+
+
+def _transcript_for(previous: _Record | str | None, messages: list[Message]) -> list[Message]:
+    """The previous transcript extended with the new messages, or a new one if the save rewrote it."""
+    if (
+        isinstance(previous, _Record)
+        and previous.count == len(previous.transcript) <= len(messages)
+        and all(a is b for a, b in zip(previous.transcript, messages, strict=False))
+    ):
+        new = messages[previous.count :]
+        for message in new:
+            message.model_dump_json()  # JSON-only, as a real store
+        previous.transcript.extend(new)
+        return previous.transcript
+    for message in messages:
+        message.model_dump_json()
+    return list(messages)
 
 
 class MemoryCheckpointStore:
@@ -22,24 +57,30 @@ class MemoryCheckpointStore:
 
     def __init__(self, *, history_limit: int = 50) -> None:
         self.history_limit = history_limit
-        self._latest: dict[str, str] = {}
+        self._latest: dict[str, _Record | str] = {}
         self._versions: dict[str, int] = {}
-        self._history: dict[str, deque[tuple[str, str]]] = {}
+        self._history: dict[str, deque[tuple[str, _Record]]] = {}
         self._lock = threading.Lock()
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        raw = checkpoint.model_dump_json()
+        head = checkpoint.model_dump_json(exclude={"messages"})
         with self._lock:
             check_version(session_id, self._versions.get(session_id), checkpoint)
-            self._latest[session_id] = raw
+            transcript = _transcript_for(self._latest.get(session_id), checkpoint.messages)
+            record = _Record(head, transcript, len(checkpoint.messages))
+            self._latest[session_id] = record
             self._versions[session_id] = checkpoint.version
             if self.history_limit > 0:
                 ring = self._history.setdefault(session_id, deque(maxlen=self.history_limit))
-                ring.appendleft((utc_now(), raw))
+                ring.appendleft((utc_now(), record))
 
     def load(self, session_id: str) -> Checkpoint | None:
-        raw = self._latest.get(session_id)
-        return None if raw is None else decode_checkpoint(session_id, raw)
+        stored = self._latest.get(session_id)
+        if stored is None:
+            return None
+        if isinstance(stored, _Record):
+            return stored.checkpoint(session_id)
+        return decode_checkpoint(session_id, stored)
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
         with self._lock:
@@ -49,10 +90,9 @@ class MemoryCheckpointStore:
                 self._history.pop(session_id, None)
 
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
-        entries = list(self._history.get(session_id, ()))[:limit]
         result = []
-        for saved_at, raw in entries:
-            checkpoint = decode_checkpoint(session_id, raw)
+        for saved_at, record in list(self._history.get(session_id, ()))[:limit]:
+            checkpoint = record.checkpoint(session_id)
             result.append(
                 HistoryEntry(
                     step=checkpoint.step_index, saved_at=saved_at, status=checkpoint.status, checkpoint=checkpoint
@@ -64,7 +104,7 @@ class MemoryCheckpointStore:
         return sorted(self._latest)
 
     def put_raw(self, session_id: str, raw: str) -> None:
-        """Store a raw value as the latest checkpoint (tests of corrupt and foreign records)."""
+        """Store a raw value as the latest checkpoint (tests of corrupt, foreign and old records)."""
         self._latest[session_id] = raw
 
 
@@ -81,7 +121,7 @@ class MemoryApprovalStore:
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         raw = self._snapshots.get(approval_id)
-        return None if raw is None else ApprovalSnapshot.model_validate_json(raw)
+        return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         with self._lock:
@@ -106,7 +146,7 @@ class MemoryApprovalStore:
                 self._snapshots[approval_id] = reopened.model_dump_json()
 
     def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
-        snapshots = [ApprovalSnapshot.model_validate_json(raw) for raw in list(self._snapshots.values())]
+        snapshots = [decode_snapshot(approval_id, raw) for approval_id, raw in list(self._snapshots.items())]
         return sorted(
             (s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)),
             key=lambda s: s.created_at,
