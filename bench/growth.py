@@ -12,9 +12,10 @@ one message longer. Every store keeps its default history ring (50 entries).
   brought from step 102 to step 497 in one go (its latest file and history file written with
   exactly what its own saves would have left), then saved step by step again.
 - Bytes per session: what the store holds for the session right after the save of step N:
-  memory store: the JSON it keeps; SQLite: pages in use ((page_count - freelist_count) x
-  page_size, one database file per session, WAL checkpointed); FileStore: the files in its
-  folder (one folder per session); Redis: the sum of MEMORY USAGE of the session's keys.
+  memory store: the Python heap it retains (tracemalloc, in a separate untimed run); SQLite:
+  pages in use ((page_count - freelist_count) x page_size, one database file per session, WAL
+  checkpointed); FileStore: the files in its folder (one folder per session); Redis: the sum
+  of MEMORY USAGE of the session's keys.
 - Naive baselines: the whole checkpoint JSON to SQLite (upsert latest + insert history row +
   trim the ring, one transaction) and to Redis (SET + LPUSH + LTRIM, MULTI).
 - LangGraph SqliteSaver: a graph that appends the same messages (a model node, then a tool
@@ -31,6 +32,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+import tracemalloc
 import uuid
 from pathlib import Path
 from typing import Any
@@ -150,9 +152,7 @@ class Target:
 
     def bytes(self, session: str) -> int:
         if self.name == "memory":
-            store = self.store
-            raws = [store._latest[session], *(raw for _, raw in store._history.get(session, ()))]
-            return sum(len(raw.encode()) for raw in raws)
+            return -1  # measured apart, by `memory_bytes` (tracemalloc would slow the timed saves)
         if self.name in ("SqliteStore", "naive SQLite"):
             return sqlite_bytes(self.store.path)
         if self.name == "FileStore":  # the folder holds this session only (the warm-up one is deleted)
@@ -167,6 +167,24 @@ class Target:
 
 
 TARGETS = ["memory", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "naive Redis"]
+
+
+def memory_bytes(step: int) -> int:
+    """Python heap bytes a memory store retains for one session saved up to `step` (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        store = memory_store().checkpoints
+        for checkpoint in checkpoints("m", step, SIZE):
+            store.save("m", checkpoint)
+        del checkpoint
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+        assert store.load("m") is not None  # the store lived until here
+        return retained
+    finally:
+        tracemalloc.stop()
 
 
 def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
@@ -275,6 +293,8 @@ def run(repeats: int, client: redis.Redis) -> dict[str, Any]:
                     continue
                 finally:
                     delete_prefix(client, prefix)
+                if name == "memory":
+                    sizes = {step: memory_bytes(step) for step in STEPS}
                 result["stores"][name] = {
                     "save_ms": {str(s): stats(v) for s, v in per_step.items()},
                     "bytes": {str(s): b for s, b in sizes.items()},

@@ -284,8 +284,9 @@ NOTES = """## Notes on method
   `bench/fleet_app.py` (`ScriptedProvider(by_turn=True)`, zero latency, a trivial tool), `FleetSettings()`.
   The floor is `bench/floor_app.py` on the same `celery_config`. Times are taken by the workers
   (`time.time()` at the finished save) against the benchmark's clock at enqueue: one machine, one clock.
-- Cost growth bytes: memory store, the JSON it keeps; SQLite (ours, naive, LangGraph), pages in use after a
-  WAL checkpoint, one file per session; FileStore, every file in its folder (one folder per session); Redis, MEMORY USAGE of the session's keys.
+- Cost growth bytes: memory store, the Python heap it retains for the session (tracemalloc, an untimed run);
+  SQLite (ours, naive, LangGraph), pages in use after a WAL checkpoint, one file per session; FileStore, every
+  file in its folder (one folder per session); Redis, MEMORY USAGE of the session's keys.
   A store slower than 20 ms per save around step 100 (FileStore while it rewrites its whole history file
   on every save) is brought from step 102 to step 497 in one write of exactly what its saves would have
   left, then saved step by step again. LangGraph's time is a whole super-step with durability="sync"
