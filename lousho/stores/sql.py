@@ -49,8 +49,9 @@ class SqlStore:
         history_limit: int = 50,
         engine_kwargs: dict[str, Any] | None = None,
         schema: str | None = None,
+        sqlite_synchronous: str = "NORMAL",
     ) -> None:
-        self._db = SqlDatabase(url, schema, engine_kwargs)
+        self._db = SqlDatabase(url, schema, engine_kwargs, sqlite_synchronous)
         self.checkpoints = SqlCheckpointStore(self._db, history_limit=history_limit)
         self.approvals = SqlApprovalStore(self._db)
 
@@ -79,11 +80,15 @@ class SqlStore:
 class SqliteStore(SqlStore):
     """`SqlStore` on one SQLite file (folder created); several processes may share it (WAL, busy timeout)."""
 
-    def __init__(self, path: str | Path = "./.lousho/jobs.db", *, history_limit: int = 50) -> None:
+    def __init__(
+        self, path: str | Path = "./.lousho/jobs.db", *, history_limit: int = 50, synchronous: str = "NORMAL"
+    ) -> None:
         file = Path(path).expanduser()
         try:
             file.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise StoreUnavailableError(f"cannot create the folder of the SQLite file {file}: {error}") from None
         self.path = file
-        super().__init__(sa.URL.create("sqlite", database=str(file)), history_limit=history_limit)
+        super().__init__(
+            sa.URL.create("sqlite", database=str(file)), history_limit=history_limit, sqlite_synchronous=synchronous
+        )
