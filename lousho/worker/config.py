@@ -70,9 +70,21 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,
-        # Redelivery after the visibility timeout is normal and harmless here (a duplicate
-        # finds its work recorded or its lease held), but keep it well above task durations.
-        "broker_transport_options": {"visibility_timeout": 3600},
+        "broker_transport_options": {
+            # Redelivery after the visibility timeout is normal and harmless here (a duplicate
+            # finds its work recorded or its lease held), but keep it well above task durations.
+            "visibility_timeout": 3600,
+            # A Redis that vanishes without closing the TCP connection (failover behind a virtual
+            # IP, a NAT or firewall that forgets the flow, a host that is gone): without a socket
+            # timeout an ack or a publish on the dead connection blocks the worker forever; with a
+            # timeout but no retry, the failed ack leaks kombu's prefetch slot and the worker never
+            # consumes again. Retried once on a fresh connection, it goes on (docs/reliability.md).
+            "socket_timeout": 5.0,
+            "socket_connect_timeout": 5.0,
+            "socket_keepalive": True,
+            "health_check_interval": 10,
+            "retry_on_timeout": True,
+        },
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "broker_connection_retry_on_startup": True,
         "worker_soft_shutdown_timeout": 10.0,

@@ -20,11 +20,8 @@ log = logging.getLogger("lousho.worker")
 
 async def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> None:
     keys = runtime.keys
-    first = True
     while True:
-        if not first:  # the first beat is at once: the deadline may still be the enqueuer's
-            await asyncio.sleep(runtime.settings.heartbeat_s)
-        first = False
+        await asyncio.sleep(runtime.settings.heartbeat_s)
         try:
             if not lease.extend():
                 log.warning("lost the lease %s; a save by this worker will be refused", lease.key)

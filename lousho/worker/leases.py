@@ -59,4 +59,11 @@ class Lease:
 
     @staticmethod
     def _script(client: redis.Redis, name: str) -> Script:
-        return client.register_script(_source(name))
+        """One Script object per client and script (it hashes the source once; it reloads on NOSCRIPT)."""
+        key = (id(client), name)
+        if key not in _SCRIPTS:
+            _SCRIPTS[key] = client.register_script(_source(name))
+        return _SCRIPTS[key]
+
+
+_SCRIPTS: dict[tuple[int, str], Script] = {}

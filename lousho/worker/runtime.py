@@ -12,7 +12,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from lousho.definition import Agent
+from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
@@ -104,6 +104,7 @@ class FleetRuntime:
     """Called with every event of every run on this worker (logging, metrics)."""
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_pid: int = 0
+    _resolved: dict[str, ResolvedAgent] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -126,6 +127,15 @@ class FleetRuntime:
             served = ", ".join(sorted(self.agents)) or "none"
             raise UnknownAgentError(f"no agent named {name!r} on this fleet (it serves: {served})")
         return self.agents[name]
+
+    async def resolve(self, agent: Agent, run_config: dict[str, Any] | None) -> ResolvedAgent:
+        """The agent for one task; a static agent is resolved once per process (its fingerprint
+        and tool schemas are then computed once, not on every task)."""
+        if agent.is_dynamic:
+            return await agent.resolve(run_config)
+        if agent.name not in self._resolved:
+            self._resolved[agent.name] = await agent.resolve(None)
+        return self._resolved[agent.name]
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a task's coroutine on this process's event loop (made anew after a fork)."""

@@ -96,6 +96,7 @@ class SessionSteps:
         self.client = runtime.store.client
         self.signal = AbortSignal()
         self._model_turn_to_send: int | None = None
+        self._abort_flag = False
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ class SessionSteps:
     async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
         agent, provider = self.runtime.agent(checkpoint.agent_name)
         return Run(
-            agent=await agent.resolve(checkpoint.run_config),
+            agent=await self.runtime.resolve(agent, checkpoint.run_config),
             provider=provider,
             session_id=self.session_id,
             checkpoint_store=FencedCheckpoints(self.runtime.store.checkpoints, lease),
@@ -119,6 +120,10 @@ class SessionSteps:
         raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.results(self.session_id)))
         return {_text(k): json.loads(v) for k, v in raw.items()}
 
+    def committed(self, call_id: str) -> bool:
+        """Whether the call's result is committed already."""
+        return bool(self.client.hexists(self.keys.results(self.session_id), call_id))
+
     def commit_result(self, call_id: str, result: Any) -> bool:
         """Commit a call's one result: the first writer wins, later ones are dropped."""
         return bool(self.client.hsetnx(self.keys.results(self.session_id), call_id, json.dumps(result, default=str)))
@@ -127,7 +132,10 @@ class SessionSteps:
         return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, 1)))
 
     def aborted(self) -> bool:
-        return bool(self.client.exists(self.keys.abort(self.session_id)))
+        """The session's abort flag, as last read, or as the heartbeat saw it since."""
+        if not self._abort_flag:
+            self._abort_flag = bool(self.client.exists(self.keys.abort(self.session_id)))
+        return self._abort_flag or self.signal.aborted
 
     def park(self, reason: str) -> None:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
@@ -162,7 +170,11 @@ class SessionSteps:
         checkpoint = self.runtime.store.checkpoints.load(self.session_id)
         if checkpoint is None:
             return "unknown-session"
-        if self.client.hexists(self.keys.parked, self.session_id):
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hexists(self.keys.parked, self.session_id)
+        pipe.exists(self.keys.abort(self.session_id))
+        parked, self._abort_flag = (bool(x) for x in pipe.execute())
+        if parked:
             return "parked"
         run = await self.make_run(checkpoint, lease)
         checkpoint = materialize_accepted(checkpoint, run.agent.instructions)
@@ -179,7 +191,7 @@ class SessionSteps:
     async def _step(self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, redispatch: bool) -> str:
         run._latest = checkpoint
         while True:
-            if self.aborted() and checkpoint.status == "in-progress":
+            if (self._abort_flag or self.signal.aborted) and checkpoint.status == "in-progress":
                 return await self.abort(run, checkpoint)
             step = next_step(checkpoint, run.max_steps)
             if isinstance(step, SendPendingInput):
@@ -210,14 +222,14 @@ class SessionSteps:
     async def dispatch(self, run: Run, checkpoint: Checkpoint, redispatch: bool = False) -> str:
         """Fold committed results, then send tool tasks for the next calls, up to `tool_concurrency`."""
         for _ in range(len(checkpoint.messages) + 2):
-            checkpoint = await self.fold(run, checkpoint)
+            results = self.results()
+            checkpoint = await self.fold(run, checkpoint, results)
             if checkpoint.status == "awaiting-approval":
                 return "awaiting-approval"
             pending = checkpoint.pending_tool_calls()
             if not pending:
                 self._model_turn_to_send = turn_number(checkpoint)
                 return "turn-enqueued"
-            results = self.results()
             window, settled = [], False
             for call in [c for c in pending if c.id not in results]:
                 plan = await plan_tool_call(call, run.agent, run._ctx(call))
@@ -238,15 +250,22 @@ class SessionSteps:
         return "tools-dispatched"
 
     def send_tools(self, calls: list[Any], redispatch: bool) -> None:
+        """Send each call's task once (a redispatch re-sends calls whose lease nobody holds)."""
+        if not calls:
+            return
+        pipe = self.client.pipeline(transaction=False)
         for call in calls:
-            first = self.client.hsetnx(self.keys.dispatched(self.session_id), call.id, "1")
-            running = self.client.exists(self.keys.call_lease(self.session_id, call.id))
+            pipe.hsetnx(self.keys.dispatched(self.session_id), call.id, "1")
+            pipe.exists(self.keys.call_lease(self.session_id, call.id))
+        replies = pipe.execute()
+        for index, call in enumerate(calls):
+            first, running = replies[2 * index], replies[2 * index + 1]
             if first or (redispatch and not running):
                 send_tool_call(self.runtime.app, self.session_id, call.id, call.name)
 
-    async def fold(self, run: Run, checkpoint: Checkpoint) -> Checkpoint:
+    async def fold(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None) -> Checkpoint:
         """Record committed results in call order (one save each); settle a decided approval."""
-        results = self.results()
+        results = self.results() if results is None else results
         if checkpoint.status == "awaiting-approval":
             checkpoint = await self._fold_approval(run, checkpoint, results)
             if checkpoint.status == "awaiting-approval":

@@ -30,7 +30,7 @@ async def run_tool_call(steps: SessionSteps, call_id: str) -> str:
     call = next((c for c in checkpoint.pending_tool_calls() if c.id == call_id), None)
     if call is None:
         return "recorded"
-    if call_id not in steps.results():
+    if not steps.committed(call_id):
         outcome = await _run_once(steps, checkpoint, call)
         if outcome != "ran":
             return outcome
@@ -47,7 +47,7 @@ async def _run_once(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall)
     if not lease.acquire():
         return "running-elsewhere"
     try:
-        if call.id in steps.results():  # another copy ran it between our first look and the lease
+        if steps.committed(call.id):  # another copy ran it between our first look and the lease
             return "ran"
         if steps.count_attempt(f"call:{call.id}") > settings.max_attempts:
             result: Any = tool_error(
