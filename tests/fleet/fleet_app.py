@@ -14,7 +14,8 @@ call id to the set `started:<pid>` and `<pid>@<time>` to the list `runlog:<call 
 appended to `<folder>/saves-<pid>.log`, outside Redis, so a Redis crash cannot erase the record),
 `LOUSHO_TEST_SEND_FAULTS=drop=0.1,dup=0.2,seed=7` (each task this worker sends is dropped or
 sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CONF=<json>`
-(Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`).
+(Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`),
+`LOUSHO_TEST_STORE_OPTIONS=<json>` (RedisStore client options, e.g. `{"socket_timeout": 5}`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ SETTINGS = FleetSettings(
 )
 TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
 SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")
-store = RedisStore(URL, prefix=PREFIX)
+store = RedisStore(URL, prefix=PREFIX, **json.loads(os.environ.get("LOUSHO_TEST_STORE_OPTIONS") or "{}"))
 redis = store.client
 
 
