@@ -30,6 +30,7 @@ from typing import Any
 import redis
 
 from lousho import Message, ToolCall
+from lousho.engine import CANCELLED_RESULT
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
@@ -337,6 +338,47 @@ class Approver:
                     self.refused_twice += 1
 
 
+class Aborter:
+    """A web app that aborts some running sessions at random, waits for the abort to land (every unfinished
+    call has a result, the run idle), then redirects the run with new input."""
+
+    def __init__(self, fleet: ChaosFleet, sessions: list[str], seed: int, share: float, every_s: tuple[float, float]) -> None:
+        self.fleet = fleet
+        self.rng = random.Random(seed)
+        self.candidates = [s for s in sessions if self.rng.random() < share]
+        self.every_s = every_s
+        self.next_at = time.monotonic() + self.rng.uniform(*every_s)
+        self.aborted: set[str] = set()
+        self.waiting: dict[str, float] = {}
+        self.violations: list[str] = []
+        self.slowest_s = 0.0
+
+    def __call__(self) -> None:
+        client = self.fleet.client
+        if self.candidates and time.monotonic() >= self.next_at:
+            session = self.candidates.pop()
+            checkpoint = client.checkpoint(session)
+            if checkpoint is not None and checkpoint.status == "in-progress" and checkpoint.messages:
+                client.abort(session)
+                self.aborted.add(session)
+                self.waiting[session] = time.monotonic()
+                self.fleet.faults["aborts (then new input)"] += 1
+            self.next_at = time.monotonic() + self.rng.uniform(*self.every_s)
+        for session, since in list(self.waiting.items()):
+            checkpoint = client.checkpoint(session)
+            if checkpoint is None:
+                continue
+            if checkpoint.status == "finished":  # the abort came after the last turn
+                del self.waiting[session]
+            elif checkpoint.status == "in-progress" and not checkpoint.pending_tool_calls():
+                self.slowest_s = max(self.slowest_s, time.monotonic() - since)
+                client.enqueue("jobs", f"go on, {session}", session_id=session)
+                del self.waiting[session]
+            elif time.monotonic() - since > 60:
+                self.violations.append(f"{session}: the abort did not land within 60 s ({checkpoint.status})")
+                del self.waiting[session]
+
+
 def finished_count(fleet: ChaosFleet, sessions: list[str]) -> int:
     finished = set(fleet.store.checkpoints.sessions("finished"))
     return sum(s in finished for s in sessions)
@@ -362,9 +404,11 @@ def check_sessions(
     approver: Approver | None = None,
     *,
     max_attempts: int = 3,
+    aborter: Aborter | None = None,
 ) -> tuple[list[str], Counter[str]]:
     """Every guarantee, on every session, from what the run left behind. Returns (violations, figures)."""
     fleet.account_triggers()
+    aborted = aborter.aborted if aborter else set()
     violations = [f"provider: {v}" for v in fleet.violations()]
     runs, asked = fleet.counts("runs"), fleet.counts("asked")
     figures: Counter[str] = Counter()
@@ -390,7 +434,13 @@ def check_sessions(
             continue
         committed = {k.decode(): json.loads(v) for k, v in fleet.redis.hgetall(fleet.results_key(session)).items()}
         for call, message in zip(calls, tool_messages, strict=True):
-            violations += _check_call(fleet, call, message.result(), runs.get(call.id, 0), decisions, max_attempts, figures)
+            result = message.result()
+            if session in aborted and result == CANCELLED_RESULT:
+                figures["calls cancelled by an abort"] += 1
+                if runs.get(call.id, 0) > 1 + fleet.interrupted[call.id]:
+                    violations.append(f"{call.id}: cancelled, yet ran {runs.get(call.id)} time(s)")
+                continue
+            violations += _check_call(fleet, call, result, runs.get(call.id, 0), decisions, max_attempts, figures)
             if call.id in committed and committed[call.id] != message.result():
                 violations.append(f"{call.id}: the transcript's result is not the committed one")
         for turn in range(1, len(assistants) + 1):

@@ -15,6 +15,7 @@ import pytest
 
 from tests.chaos.harness import (
     SEED,
+    Aborter,
     Approver,
     Background,
     ChaosFleet,
@@ -52,6 +53,7 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
     approver = Approver(fleet, SEED)
     helpers = Background()
     helpers.every(0.1, approver, "approver")
+    aborter = Aborter(fleet, sessions, SEED + 5, share=0.2, every_s=pick((0.5, 1.5), (0.3, 1.0)))
     next_kill = [time.monotonic() + rng.uniform(*KILL_EVERY_S)]
 
     def chaos() -> None:
@@ -67,6 +69,7 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
     for session in sessions:
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
     helpers.every(0.05, chaos, "chaos")
+    helpers.every(0.1, aborter, "aborter")
     deadline = started + pick(150, 840)
     while time.monotonic() < deadline and finished_count(fleet, sessions) < len(sessions):
         time.sleep(0.25)
@@ -74,8 +77,9 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
     elapsed = time.monotonic() - started
 
     triggers_left = fleet.account_triggers()
-    violations, figures = check_sessions(fleet, scripts, approver, max_attempts=MAX_ATTEMPTS)
-    violations += approver.violations + helpers.errors
+    violations, figures = check_sessions(fleet, scripts, approver, max_attempts=MAX_ATTEMPTS, aborter=aborter)
+    violations += approver.violations + aborter.violations + helpers.errors
+    figures["slowest abort to land"] = f"{aborter.slowest_s:.1f} s"
     figures["double decisions refused"] = approver.refused_twice
     figures["kill triggers never reached"] = triggers_left
     record(Row("random worker kills", len(sessions), "sessions", dict(fleet.faults), violations, elapsed, dict(figures)))
