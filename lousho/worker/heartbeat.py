@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from lousho.abort import AbortSignal
 from lousho.errors import StoreUnavailableError
+from lousho.stores.redis_common import redis_errors
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
 
@@ -26,7 +27,9 @@ async def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: Ab
             if not lease.extend():
                 log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
             runtime.store.checkpoints.touch_inflight(session_id)
-            if runtime.store.client.exists(keys.abort(session_id)):
+            with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
+                aborted = runtime.store.client.exists(keys.abort(session_id))
+            if aborted:
                 signal.abort("aborted by Client.abort()")
         except StoreUnavailableError as exc:  # keep beating: Redis may come back before the lease expires
             log.warning("heartbeat for %s failed: %s", session_id, exc)
