@@ -16,6 +16,7 @@ from lousho.executor import _parse_decision as parse_decision
 from lousho.inputs import add_input_to_unfinished, continue_finished
 from lousho.messages import as_messages
 from lousho.stores.redis import RedisStore
+from lousho.stores.redis_common import redis_errors
 from lousho.worker.config import FleetSettings, celery_config
 from lousho.worker.dispatch import send_advance, send_model_turn
 from lousho.worker.runtime import FleetKeys
@@ -78,8 +79,9 @@ class Client:
 
     def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
         client = self.store.client
-        client.delete(self.keys.abort(session_id))
-        client.hdel(self.keys.parked, session_id)
+        with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
+            client.delete(self.keys.abort(session_id))
+            client.hdel(self.keys.parked, session_id)
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
             send_model_turn(self.app, session_id, turn_number(checkpoint))
         else:
@@ -89,7 +91,9 @@ class Client:
         checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
         if checkpoint is None:
             return SessionStatus(session_id=session_id, status="unknown")
-        parked = self.store.client.hget(self.keys.parked, session_id)
+        with redis_errors(self.store.client, f"read the marks of {session_id!r}"):
+            parked = self.store.client.hget(self.keys.parked, session_id)
+            aborted = bool(self.store.client.exists(self.keys.abort(session_id)))
         text = next((m.content for m in reversed(checkpoint.messages) if m.role == "assistant"), None)
         return SessionStatus(
             session_id=session_id,
@@ -101,7 +105,7 @@ class Client:
             approval_id=checkpoint.approval_id,
             text=text,
             parked_reason=parked.decode() if isinstance(parked, bytes) else parked,
-            aborted=bool(self.store.client.exists(self.keys.abort(session_id))),
+            aborted=aborted,
         )
 
     def checkpoint(self, session_id: str) -> Checkpoint | None:
@@ -128,21 +132,24 @@ class Client:
         """Stop the run: running tools see their `ctx.signal`; unfinished calls get 'cancelled'.
         The session stays 'in-progress' and idle until new input (`enqueue`) or `resume`."""
         validate_session_id(session_id)
-        self.store.client.set(self.keys.abort(session_id), "1")
+        with redis_errors(self.store.client, f"set the abort flag of {session_id!r}"):
+            self.store.client.set(self.keys.abort(session_id), "1")
         send_advance(self.app, session_id, "abort")
 
     def resume(self, session_id: str) -> None:
         """Continue a parked or aborted session by hand (its poison counters start over)."""
         validate_session_id(session_id)
         client = self.store.client
-        client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
-        client.hdel(self.keys.parked, session_id)
+        with redis_errors(client, f"clear the abort, parked and poison marks of {session_id!r}"):
+            client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
+            client.hdel(self.keys.parked, session_id)
         self.store.checkpoints.touch_inflight(session_id)
         send_advance(self.app, session_id, "resume")
 
     def sessions(self, status: str | None = None) -> list[str]:
         """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked')."""
         if status == "parked":
-            names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
+            with redis_errors(self.store.client, "list the parked sessions"):
+                names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
             return sorted(k.decode() if isinstance(k, bytes) else k for k in names)
         return self.store.checkpoints.sessions(status)

@@ -179,7 +179,7 @@ class SessionSteps:
         run = await self.make_run(checkpoint, lease)
         checkpoint = materialize_accepted(checkpoint, run.agent.instructions)
         try:
-            return await self._step(run, checkpoint, expected_turn, redispatch)
+            return await self._step(run, checkpoint, expected_turn, redispatch, lease)
         except RunAborted:
             await run._abort(run._latest)
             self.runtime.store.checkpoints.drop_inflight(self.session_id)
@@ -188,7 +188,9 @@ class SessionSteps:
             self.park(f"a tool raised PropagatingToolError: {exc}")
             return "parked"
 
-    async def _step(self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, redispatch: bool) -> str:
+    async def _step(
+        self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, redispatch: bool, lease: Lease | None = None
+    ) -> str:
         run._latest = checkpoint
         while True:
             if (self._abort_flag or self.signal.aborted) and checkpoint.status == "in-progress":
@@ -205,6 +207,10 @@ class SessionSteps:
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
                     return "parked"
+                if lease is not None and not lease.extend():
+                    # Paused (or partitioned) past the lease: another worker may have recorded this
+                    # turn already; asking the model now would only cost a generation never saved.
+                    return "lease-lost"
                 checkpoint = await run._model_turn(checkpoint)
                 expected_turn = None
             elif isinstance(step, RunTools):

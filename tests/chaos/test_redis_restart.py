@@ -174,7 +174,15 @@ def test_redis_sigkilled_and_restarted_mid_run(aof_fleet: tuple[RedisServer, Cha
 def _outage_errors(fleet: ChaosFleet) -> list[str]:
     """While Redis is down, what a web app gets from the Client: typed errors only."""
     codes = []
-    for attempt in (lambda: fleet.client.status("r000"), lambda: fleet.client.enqueue("jobs", "hi", session_id="down")):
+    client = fleet.client
+    for attempt in (
+        lambda: client.status("r000"),
+        lambda: client.enqueue("jobs", "hi", session_id="down"),
+        lambda: client.abort("down"),
+        lambda: client.resume("down"),
+        lambda: client.sessions(status="parked"),
+        lambda: client.approvals(),
+    ):
         try:
             attempt()
             codes.append("no error while Redis was down")

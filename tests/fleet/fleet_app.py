@@ -77,7 +77,7 @@ class ScriptFromRedis:
         die_if_triggered(f"model:{session}:{turn}")
         stored = store.checkpoints.load(session)
         if stored is not None and assistant_turns(stored.messages) >= turn:
-            redis.rpush(key("violations"), f"{session}: turn {turn} asked after it was checkpointed")
+            redis.rpush(key("violations"), f"{session}: turn {turn} asked after it was checkpointed (pid {os.getpid()})")
         delay = redis.get(key(f"model-delay:{session}:{turn}"))
         if delay:
             await asyncio.sleep(float(delay))
