@@ -202,15 +202,15 @@ class SessionSteps:
                 turn = turn_number(checkpoint)
                 if expected_turn is not None and turn != expected_turn:
                     return "stale"
+                if lease is not None and not lease.extend():
+                    # Paused (or partitioned) past the lease: another worker may have recorded this
+                    # turn already; asking the model now would only cost a generation never saved.
+                    return "lease-lost"
                 if self.count_attempt(f"turn:{turn}") > self.runtime.settings.max_attempts:
                     self.park(
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
                     return "parked"
-                if lease is not None and not lease.extend():
-                    # Paused (or partitioned) past the lease: another worker may have recorded this
-                    # turn already; asking the model now would only cost a generation never saved.
-                    return "lease-lost"
                 checkpoint = await run._model_turn(checkpoint)
                 expected_turn = None
             elif isinstance(step, RunTools):

@@ -384,6 +384,12 @@ def finished_count(fleet: ChaosFleet, sessions: list[str]) -> int:
     return sum(s in finished for s in sessions)
 
 
+def settled_count(fleet: ChaosFleet, sessions: list[str]) -> int:
+    """Sessions finished or parked (a parked one waits for a human: no use waiting for it)."""
+    settled = set(fleet.store.checkpoints.sessions("finished")) | set(fleet.client.sessions(status="parked"))
+    return sum(s in settled for s in sessions)
+
+
 def wait_all_finished(fleet: ChaosFleet, sessions: list[str], timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -36,6 +36,7 @@ from tests.chaos.harness import (
     pick,
     random_script,
     record,
+    settled_count,
 )
 from tests.chaos.test_security import free_port
 
@@ -86,13 +87,13 @@ def test_workers_recover_when_every_redis_connection_goes_silent(proxied_fleet: 
         fleet.faults["connections silently dropped"] += proxy.cut()
         fleet.faults["blackouts"] += 1
         cut_at = time.monotonic()
-        while time.monotonic() - cut_at < pick(150, 200) and finished_count(fleet, sessions) in (before, len(sessions)) and finished_count(fleet, sessions) < len(sessions):
+        while time.monotonic() - cut_at < pick(150, 200) and finished_count(fleet, sessions) == before < len(sessions):
             time.sleep(0.25)
         recovery.append(time.monotonic() - cut_at)
         for worker in fleet.alive():
             fleet.note_interrupted(worker.pid)
     deadline = time.monotonic() + pick(150, 300)
-    while time.monotonic() < deadline and finished_count(fleet, sessions) < len(sessions):
+    while time.monotonic() < deadline and settled_count(fleet, sessions) < len(sessions):
         time.sleep(0.25)
     elapsed = time.monotonic() - started
 

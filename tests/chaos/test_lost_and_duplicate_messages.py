@@ -18,11 +18,11 @@ from tests.chaos.harness import (
     ChaosFleet,
     Row,
     check_sessions,
-    finished_count,
     install_scripts,
     pick,
     random_script,
     record,
+    settled_count,
 )
 
 SESSIONS = pick(20, 120)
@@ -64,7 +64,7 @@ def test_dropped_and_repeated_messages_change_nothing(chaos_fleet: ChaosFleet) -
     for session in sessions:
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
     deadline = started + pick(150, 560)
-    while time.monotonic() < deadline and finished_count(fleet, sessions) < len(sessions):
+    while time.monotonic() < deadline and settled_count(fleet, sessions) < len(sessions):
         time.sleep(0.25)
     helpers.stop()
     elapsed = time.monotonic() - started

@@ -35,13 +35,13 @@ from tests.chaos.harness import (
     Row,
     check_sessions,
     drop_queue,
-    finished_count,
     install_scripts,
     make_fleet,
     pick,
     random_script,
     record,
     save_log,
+    settled_count,
 )
 
 SESSIONS = pick(16, 60)
@@ -142,7 +142,7 @@ def test_redis_sigkilled_and_restarted_mid_run(aof_fleet: tuple[RedisServer, Cha
                 worker.kill(signal.SIGCONT)
             awake.set()
         deadline = time.monotonic() + pick(150, 500)
-        while time.monotonic() < deadline and finished_count(fleet, sessions) < len(sessions):
+        while time.monotonic() < deadline and settled_count(fleet, sessions) < len(sessions):
             time.sleep(0.25)
     finally:
         helpers.stop()

@@ -21,11 +21,11 @@ from tests.chaos.harness import (
     ChaosFleet,
     Row,
     check_sessions,
-    finished_count,
     install_scripts,
     pick,
     random_script,
     record,
+    settled_count,
 )
 
 SESSIONS = pick(24, 150)
@@ -71,7 +71,7 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
     helpers.every(0.05, chaos, "chaos")
     helpers.every(0.1, aborter, "aborter")
     deadline = started + pick(150, 840)
-    while time.monotonic() < deadline and finished_count(fleet, sessions) < len(sessions):
+    while time.monotonic() < deadline and settled_count(fleet, sessions) < len(sessions):
         time.sleep(0.25)
     helpers.stop()
     elapsed = time.monotonic() - started
