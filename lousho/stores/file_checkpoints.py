@@ -8,7 +8,7 @@ Per session (`<name>`: the session id, or a hash of it when it is not a safe fil
                                     one entry per line (a save adds a line without parsing the others)
 
 A head is the checkpoint without its messages, behind a header naming the lines it uses and the
-extent of the messages file in use (`lousho.stores.sql_records`; FileStore adds `n` lines and
+extent of the messages file in use (`lousho.stores.segments`; FileStore adds `n` lines and
 `b` bytes). A save appends only the new messages (fsync), then replaces the head and the history
 file atomically, so neither the bytes written nor a history entry grow with the transcript. A
 crash between the append and the head leaves lines that no head counts; they are never read
@@ -34,7 +34,7 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_ch
 from lousho.errors import CorruptCheckpointError, SDKError
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_messages import Extent, append_lines, read_lines
-from lousho.stores.sql_records import (
+from lousho.stores.segments import (
     Head,
     Known,
     Segments,

@@ -28,11 +28,8 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -43,46 +40,9 @@ from lousho.errors import CheckpointConflictError, CorruptCheckpointError, Lease
 from lousho.messages import Message
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
+from lousho.stores.segments import Known, SessionCache
 
 __all__ = ["LeaseLostError", "RedisCheckpointStore"]
-
-
-@dataclass(frozen=True)
-class _Known:
-    """What this process last saw stored for a session: enough to send only new messages."""
-
-    version: int
-    writer_id: str
-    messages: tuple[Message, ...]
-
-
-class _SessionCache:
-    """A small LRU of `_Known` per session; a wrong entry costs a retry, never a wrong save."""
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-        self._entries: OrderedDict[str, _Known] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, session_id: str) -> _Known | None:
-        with self._lock:
-            known = self._entries.get(session_id)
-            if known is not None:
-                self._entries.move_to_end(session_id)
-            return known
-
-    def put(self, session_id: str, known: _Known) -> None:
-        if self._size <= 0:
-            return
-        with self._lock:
-            self._entries[session_id] = known
-            self._entries.move_to_end(session_id)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
-
-    def drop(self, session_id: str) -> None:
-        with self._lock:
-            self._entries.pop(session_id, None)
 
 
 def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
@@ -115,7 +75,7 @@ class RedisCheckpointStore:
         self.history_limit = history_limit
         self.ttl_ms = ttl_ms
         self.inflight_deadline_ms = inflight_deadline_ms
-        self._cache = _SessionCache(cache_size)
+        self._cache = SessionCache(cache_size)
         self._save = load_script(client, "save")
         self._load = load_script(client, "load")
         self._history = load_script(client, "history")
@@ -138,7 +98,7 @@ class RedisCheckpointStore:
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
                 keep = _common_prefix(known.messages, checkpoint.messages)
-                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer_id, keep, fence)
+                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer, keep, fence)
                 if reply[0] == "resync":
                     reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0, fence)
             else:
@@ -186,7 +146,7 @@ class RedisCheckpointStore:
         """Turn the script's reply into the cache update or the typed error."""
         outcome = reply[0]
         if outcome in ("ok", "done"):
-            self._cache.put(session_id, _Known(checkpoint.version, writer_id, tuple(checkpoint.messages)))
+            self._cache.put(session_id, Known(checkpoint.version, writer_id, tuple(checkpoint.messages)))
             return
         self._cache.drop(session_id)
         if outcome == "fenced" and fence is not None:
@@ -207,7 +167,7 @@ class RedisCheckpointStore:
         with redis_errors(self.client, f"load session {session_id!r}"):
             reply = self._load(
                 keys=[self.keys.head(session_id), self.keys.messages(session_id)],
-                args=[known.writer_id if known else ""],
+                args=[known.writer if known else ""],
             )
         kind = text(reply[0])
         if kind == "none":
@@ -220,7 +180,7 @@ class RedisCheckpointStore:
             session_id, reply[1], lambda segments: check_count(session_id, segments, messages)
         )
         if meta is not None:
-            self._cache.put(session_id, _Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
+            self._cache.put(session_id, Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
         return checkpoint
 
     # -- history ---------------------------------------------------------------------------

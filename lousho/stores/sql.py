@@ -10,7 +10,7 @@ step 500 as at step 10.
 
 The parts: `lousho.stores.sql_database` (tables, engine, transactions),
 `lousho.stores.sql_checkpoints` (`SqlCheckpointStore`, the layout), `lousho.stores.sql_transcripts`
-(the message rows), `lousho.stores.sql_records` (the head format, shared with FileStore) and
+(the message rows), `lousho.stores.segments` (the head format, shared with FileStore) and
 `lousho.stores.sql_approvals` (`SqlApprovalStore`); their public names are importable from here too.
 """
 

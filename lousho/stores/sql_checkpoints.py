@@ -7,7 +7,7 @@ key refuses), so two processes can never both win a save, whatever their clocks 
 A save's cost does not grow with the transcript. The messages are stored once, in
 `lousho_messages` (appended, never rewritten); the `lousho_checkpoints` row and each
 `checkpoint_history` row hold a head: the checkpoint without its messages plus the slices of
-`lousho_messages` it uses (format: `lousho.stores.sql_records`). The store remembers the last
+`lousho_messages` it uses (format: `lousho.stores.segments`). The store remembers the last
 checkpoint it saved or loaded per session, so a save finds the unchanged prefix by identity and
 inserts only the new messages, in the same transaction as the compare-and-set. When it does not
 know the stored head (another process wrote it, the cache was cold), it reads the stored messages
@@ -32,8 +32,7 @@ from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError
-from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
-from lousho.stores.sql_records import (
+from lousho.stores.segments import (
     Head,
     Known,
     Segments,
@@ -46,6 +45,7 @@ from lousho.stores.sql_records import (
     split_record,
     text_prefix,
 )
+from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
 from lousho.stores.sql_transcripts import MessageRows
 
 __all__ = ["Pruned", "SqlCheckpointStore"]

@@ -2,7 +2,7 @@
 
 Rows are `(session_id, seq, data)`: seq 0, 1, 2... in the order they were appended, never
 rewritten. Heads (the latest checkpoint and each history entry) name slices of them; see
-`lousho.stores.sql_records` for the head format.
+`lousho.stores.segments` for the head format.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from lousho.stores.segments import Head, Transcript
 from lousho.stores.sql_database import SqlDatabase
-from lousho.stores.sql_records import Head, Transcript
 
 __all__ = ["MessageRows"]
 

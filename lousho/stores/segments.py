@@ -1,4 +1,4 @@
-"""Heads and transcript segments: what SqlStore and FileStore store per save (no SQLAlchemy here).
+"""Heads and transcript segments: what the SQL, file and Redis stores share (no SQLAlchemy, no redis here).
 
 A session's transcript only grows, so its messages are stored once, appended to a per-session
 sequence (rows of `lousho_messages`, lines of `messages/<session>.jsonl`), and each saved record
