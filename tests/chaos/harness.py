@@ -390,17 +390,6 @@ def settled_count(fleet: ChaosFleet, sessions: list[str]) -> int:
     return sum(s in settled for s in sessions)
 
 
-def wait_all_finished(fleet: ChaosFleet, sessions: list[str], timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if tick is not None:
-            tick()
-        if finished_count(fleet, sessions) == len(sessions):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 # -- the checks ------------------------------------------------------------------------------
 
 
