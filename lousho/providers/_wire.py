@@ -9,12 +9,13 @@ import json
 import time
 from collections.abc import Mapping
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 from lousho.errors import ConfigurationError, ProviderError
 from lousho.messages import INVALID_JSON_KEY
 
 __all__ = [
+    "OwnedClient",
     "INVALID_JSON_KEY",
     "NO_KEY",
     "decode_arguments",
@@ -183,3 +184,21 @@ def provider_error(
         retryable = _error_type(body) in RETRYABLE_ERROR_TYPES
         return ProviderError(f"{where} failed: {_server_message(body, str(exc))}", retryable=retryable)
     return ProviderError(f"{where} failed: {type(exc).__name__}: {exc}", retryable=False)
+
+
+class OwnedClient:
+    """Closing an SDK client the provider made itself (a client passed in is the caller's to close)."""
+
+    client: Any
+    _owns_client: bool
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections of a client this provider created (a passed client is left open)."""
+        if self._owns_client:
+            await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

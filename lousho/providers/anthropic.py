@@ -15,6 +15,7 @@ from lousho.messages import Message, ToolCall, Usage
 from lousho.providers._wire import (
     INVALID_JSON_KEY,
     NO_KEY,
+    OwnedClient,
     decode_arguments,
     import_sdk,
     is_error_result,
@@ -108,7 +109,7 @@ class _Block:
     input: Any = None
 
 
-class AnthropicProvider:
+class AnthropicProvider(OwnedClient):
     """An `LLMProvider` (and `StreamingProvider`) on the messages API.
 
     `model` is the default model id: `create_agent()` gives it to the agent when no `model`
@@ -161,17 +162,6 @@ class AnthropicProvider:
 
     def __repr__(self) -> str:
         return f"AnthropicProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections of a client this provider created (a passed client is left open)."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> AnthropicProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # -- requests ---------------------------------------------------------------
 

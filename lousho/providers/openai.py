@@ -15,6 +15,7 @@ from lousho.errors import ConfigurationError, ProviderError
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers._wire import (
     NO_KEY,
+    OwnedClient,
     decode_arguments,
     encode_arguments,
     import_sdk,
@@ -75,7 +76,7 @@ class _CallFragments:
     arguments: list[str] = field(default_factory=list)
 
 
-class OpenAIProvider:
+class OpenAIProvider(OwnedClient):
     """An `LLMProvider` (and `StreamingProvider`) on the chat completions API.
 
     `model` is the default model id: `create_agent()` gives it to the agent when no `model`
@@ -128,17 +129,6 @@ class OpenAIProvider:
 
     def __repr__(self) -> str:
         return f"OpenAIProvider(model={self.model!r}, base_url={str(self.client.base_url)!r})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections of a client this provider created (a passed client is left open)."""
-        if self._owns_client:
-            await self.client.close()
-
-    async def __aenter__(self) -> OpenAIProvider:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     # -- requests ---------------------------------------------------------------
 
