@@ -74,13 +74,16 @@ class Client:
         if checkpoint is None:
             return session_id
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
-        self._wake(session_id, checkpoint)
+        self._wake(session_id, checkpoint, new=stored is None)
         return session_id
 
-    def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
+    def _wake(self, session_id: str, checkpoint: Checkpoint, new: bool) -> None:
         client = self.store.client
+        # A new session starts with no fleet state: results or poison counts that a deleted session
+        # of the same id left behind must not count for this one's turns.
+        stale = [self.keys.results(session_id), self.keys.dispatched(session_id), self.keys.attempts(session_id)]
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
-            client.delete(self.keys.abort(session_id))
+            client.delete(self.keys.abort(session_id), *(stale if new else []))
             client.hdel(self.keys.parked, session_id)
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
             send_model_turn(self.app, session_id, turn_number(checkpoint))

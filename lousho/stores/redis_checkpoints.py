@@ -163,12 +163,22 @@ class RedisCheckpointStore:
     def load(self, session_id: str) -> Checkpoint | None:
         """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
         validate_session_id(session_id)
-        known = self._cache.get(session_id)
+        known = self.cached(session_id)
         with redis_errors(self.client, f"load session {session_id!r}"):
-            reply = self._load(
-                keys=[self.keys.head(session_id), self.keys.messages(session_id)],
-                args=[known.writer if known else ""],
-            )
+            reply = self._load(keys=[*self.read_keys(session_id)], args=[known.writer if known else ""])
+        return self.from_reply(session_id, reply, known)
+
+    def cached(self, session_id: str) -> Known | None:
+        """What this process holds of the session's last save it made or read (None: nothing)."""
+        return self._cache.get(session_id)
+
+    def read_keys(self, session_id: str) -> tuple[str, str]:
+        """The keys `read_checkpoint.lua` reads: the head and the messages list."""
+        return self.keys.head(session_id), self.keys.messages(session_id)
+
+    def from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
+        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None),
+        from `load` or from a worker script that reads the checkpoint as it takes a lease."""
         kind = text(reply[0])
         if kind == "none":
             return None

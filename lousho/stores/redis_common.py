@@ -132,13 +132,21 @@ def redis_errors(client: Any, action: str) -> Iterator[None]:
 
 
 @cache
-def _script_source(name: str) -> str:
-    return resources.files("lousho.stores").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+def _script_source(part: str) -> str:
+    package, _, name = part.rpartition(":")
+    return resources.files(package or "lousho.stores").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 def load_script(client: redis.Redis, name: str) -> Script:
-    """Register `lua/<name>.lua`; redis-py's Script reloads it on NOSCRIPT (e.g. after a Redis restart)."""
-    return client.register_script(_script_source(name))
+    """Register `lua/<name>.lua` of `lousho.stores` (or `<package>:<name>`); redis-py's Script
+    reloads it on NOSCRIPT (e.g. after a Redis restart).
+
+    Lua inside Redis has no `require`: a script that calls a library function says so in a line
+    `-- needs: <part>, ...` and is sent with each library's source in front of its own."""
+    own = _script_source(name)
+    needs = re.search(r"^-- needs: (.+)$", own, re.MULTILINE)
+    parts = [part.strip() for part in needs.group(1).split(",")] if needs else []
+    return client.register_script("\n".join([*(_script_source(part) for part in parts), own]))
 
 
 def text(value: bytes | str) -> str:

@@ -26,15 +26,15 @@ def send_model_turn(app: Any, session_id: str, turn: int) -> None:
     )
 
 
-def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str) -> None:
-    """Run one tool call; Flower shows it as `tool:<name>`."""
+def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str, turn: int) -> None:
+    """Run one tool call of model turn `turn`; Flower shows it as `tool:<name>`."""
     app.send_task(
         TASK_TOOL_CALL,
-        args=[session_id, tool_call_id, tool_name],
-        task_id=f"{session_id}/tool/{tool_call_id}",
+        args=[session_id, tool_call_id, tool_name, turn],
+        task_id=f"{session_id}/turn/{turn}/tool/{tool_call_id}",
         queue=app.conf.task_default_queue,
         shadow=f"tool:{tool_name}",
-        argsrepr=f"session={session_id} call={tool_call_id} tool={tool_name}",
+        argsrepr=f"session={session_id} turn={turn} call={tool_call_id} tool={tool_name}",
     )
 
 

@@ -19,29 +19,38 @@ __all__ = ["heartbeat"]
 log = logging.getLogger("lousho.worker")
 
 
-async def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> None:
-    keys = runtime.keys
-    while True:
-        await asyncio.sleep(runtime.settings.heartbeat_s)
-        try:
-            if not lease.extend():
-                log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
-            runtime.store.checkpoints.touch_inflight(session_id)
-            with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
-                aborted = runtime.store.client.exists(keys.abort(session_id))
-            if aborted:
-                signal.abort("aborted by Client.abort()")
-        except StoreUnavailableError as exc:  # keep beating: Redis may come back before the lease expires
-            log.warning("heartbeat for %s failed: %s", session_id, exc)
+def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> None:
+    try:
+        if not lease.extend():
+            log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
+        runtime.store.checkpoints.touch_inflight(session_id)
+        with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
+            aborted = runtime.store.client.exists(runtime.keys.abort(session_id))
+        if aborted:
+            signal.abort("aborted by Client.abort()")
+    except StoreUnavailableError as exc:  # keep beating: Redis may come back before the lease expires
+        log.warning("heartbeat for %s failed: %s", session_id, exc)
 
 
 @contextlib.asynccontextmanager
 async def heartbeat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> AsyncIterator[None]:
-    """Beat for as long as the body runs."""
-    task = asyncio.ensure_future(_beat(runtime, session_id, lease, signal))
+    """Beat every `heartbeat_s` for as long as the body runs.
+
+    A timer on the event loop, not a task: most steps end long before the first beat, and a
+    timer costs nothing to cancel, where a task costs loop iterations to start and cancel on
+    every step (issue #9). The beat's Redis calls are blocking either way."""
+    loop = asyncio.get_running_loop()
+    timer: asyncio.TimerHandle | None = None
+
+    def beat() -> None:
+        nonlocal timer
+        try:
+            _beat(runtime, session_id, lease, signal)
+        finally:  # whatever a beat raised, the next one still comes
+            timer = loop.call_later(runtime.settings.heartbeat_s, beat)
+
+    timer = loop.call_later(runtime.settings.heartbeat_s, beat)
     try:
         yield
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        timer.cancel()

@@ -10,22 +10,16 @@ cannot extend or delete the new holder's. Saves are fenced on the lease token
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 
 import redis
 from redis.commands.core import Script
 
-from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_common import load_script, redis_errors
 
 __all__ = ["Lease"]
-
-
-@cache
-def _source(name: str) -> str:
-    return resources.files("lousho.worker").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
 
 
 @dataclass
@@ -38,17 +32,28 @@ class Lease:
     token: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex}")
     """Random, prefixed with the holder's pid so an operator (or a test) can tell which worker holds it."""
     held: bool = False
+    confirmed_at: float = 0.0
+    """`time.monotonic()` just before the command that last took or extended the lease was sent."""
 
     def acquire(self) -> bool:
+        started = time.monotonic()
         with redis_errors(self.client, f"take the lease {self.key}"):
             self.held = bool(self.client.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        self.confirmed_at = started
         return self.held
 
     def extend(self) -> bool:
         """Push the expiry out; False when the lease was lost (expired and maybe taken over)."""
+        started = time.monotonic()
         with redis_errors(self.client, f"extend the lease {self.key}"):
             self.held = bool(self._script(self.client, "lease_extend")(keys=[self.key], args=[self.token, self.ttl_ms]))
+        self.confirmed_at = started
         return self.held
+
+    def fresh(self) -> bool:
+        """Held, and taken or extended less than a third of its TTL ago by this process's clock:
+        it cannot have expired yet, so there is no need to ask Redis (one round trip saved)."""
+        return self.held and time.monotonic() - self.confirmed_at < self.ttl_ms / 3000
 
     def release(self) -> None:
         if not self.held:
@@ -62,7 +67,7 @@ class Lease:
         """One Script object per client and script (it hashes the source once; it reloads on NOSCRIPT)."""
         key = (id(client), name)
         if key not in _SCRIPTS:
-            _SCRIPTS[key] = client.register_script(_source(name))
+            _SCRIPTS[key] = load_script(client, f"lousho.worker:{name}")
         return _SCRIPTS[key]
 
 

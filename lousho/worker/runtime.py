@@ -7,6 +7,7 @@ long-lived event loop (made after the fork) and runs every task's coroutine on i
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from lousho.errors import ConfigurationError
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.config import FleetSettings
+from lousho.worker.keys import FleetKeys
+from lousho.worker.scripts import FleetScripts
 
 __all__ = ["FleetKeys", "FleetRuntime", "UnknownAgentError"]
 
@@ -27,52 +30,6 @@ class UnknownAgentError(ConfigurationError):
     """A job names an agent this fleet does not serve."""
 
     code = "LOUSHO_UNKNOWN_AGENT"
-
-
-@dataclass(frozen=True)
-class FleetKeys:
-    """The fleet's own per-session keys, beside the store's (same prefix and hash tag)."""
-
-    store: RedisStore
-
-    def lease(self, session_id: str) -> str:
-        return self.store.keys.session_key(session_id, "lease")
-
-    def call_lease(self, session_id: str, call_id: str) -> str:
-        return self.store.keys.session_key(session_id, f"lease:{call_id}")
-
-    def results(self, session_id: str) -> str:
-        """Hash call id -> result JSON: each call's result is committed once (HSETNX)."""
-        return self.store.keys.session_key(session_id, "results")
-
-    def dispatched(self, session_id: str) -> str:
-        """Hash call id -> 1: tool tasks already sent, so a fold does not send them again."""
-        return self.store.keys.session_key(session_id, "dispatched")
-
-    def attempts(self, session_id: str) -> str:
-        """Hash 'turn:<n>' / 'call:<id>' -> started attempts (poison detection)."""
-        return self.store.keys.session_key(session_id, "attempts")
-
-    def abort(self, session_id: str) -> str:
-        return self.store.keys.session_key(session_id, "abort")
-
-    def all_of(self, session_id: str) -> list[str]:
-        return [
-            self.lease(session_id),
-            self.results(session_id),
-            self.dispatched(session_id),
-            self.attempts(session_id),
-            self.abort(session_id),
-        ]
-
-    @property
-    def parked(self) -> str:
-        """Set of sessions whose model turn killed its worker `max_attempts` times."""
-        return f"{self.store.prefix}parked"
-
-    @property
-    def reaper_lock(self) -> str:
-        return f"{self.store.prefix}reaper:lock"
 
 
 def _provider_of(entry: Any, default: LLMProvider | None) -> tuple[Agent, LLMProvider]:
@@ -121,6 +78,10 @@ class FleetRuntime:
     @property
     def keys(self) -> FleetKeys:
         return FleetKeys(self.store)
+
+    @functools.cached_property
+    def scripts(self) -> FleetScripts:
+        return FleetScripts(self.store)
 
     def agent(self, name: str | None) -> tuple[Agent, LLMProvider]:
         if name is None or name not in self.agents:

@@ -6,6 +6,11 @@ model turn; dispatching tool calls as their own tasks; pausing on an approval;
 finishing). `fold()` records the tool results committed so far (in the session's
 results hash) into the checkpoint, in call order, one save each.
 
+A step talks to Redis in as few round trips as it can (issue #9): `begin_step` takes the
+lease and reads everything the step needs in one script; `end()` marks the tool calls to
+send, drops a completed turn's state and releases the lease in another; the tasks are sent
+after that, so the worker that takes the next one finds the lease free.
+
 Every save goes through `FencedCheckpoints`, so a worker whose lease was taken
 over cannot overwrite newer progress (DESIGN.md: 'The fleet').
 """
@@ -34,15 +39,19 @@ from lousho.engine import (
     record_tool_result,
 )
 from lousho.errors import PropagatingToolError
+from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
+from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.dispatch import send_model_turn, send_tool_call
 from lousho.worker.heartbeat import heartbeat
+from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
+from lousho.worker.scripts import Begun, turn_results
 
-__all__ = ["FencedCheckpoints", "SessionSteps", "turn_number"]
+__all__ = ["FencedCheckpoints", "SessionSteps", "tool_turn", "turn_number"]
 
 log = logging.getLogger("lousho.worker")
 
@@ -50,6 +59,11 @@ log = logging.getLogger("lousho.worker")
 def turn_number(checkpoint: Checkpoint) -> int:
     """The next model turn's number over the whole transcript (task ids stay unique across runs)."""
     return sum(m.role == "assistant" for m in checkpoint.messages) + 1
+
+
+def tool_turn(checkpoint: Checkpoint) -> int:
+    """The newest model turn's number: the turn whose tool calls are pending, if any."""
+    return turn_number(checkpoint) - 1
 
 
 def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:
@@ -93,10 +107,16 @@ class SessionSteps:
         self.runtime = runtime
         self.session_id = session_id
         self.keys = runtime.keys
+        self.scripts = runtime.scripts
         self.client = runtime.store.client
         self.signal = AbortSignal()
+        self.abort_flag = False
+        """The session's abort flag as the step read it when it took its lease."""
+        # What `end()` does once the step is over:
         self._model_turn_to_send: int | None = None
-        self._abort_flag = False
+        self._calls_to_send: list[tuple[int, ToolCall]] = []
+        self._redispatch = False
+        self._turn_complete = False
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -116,26 +136,22 @@ class SessionSteps:
             on_event=self.runtime.on_event,
         )
 
-    def results(self) -> dict[str, Any]:
-        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.results(self.session_id)))
-        return {_text(k): json.loads(v) for k, v in raw.items()}
+    def results(self, checkpoint: Checkpoint) -> dict[str, Any]:
+        """The committed results of the checkpoint's newest turn, by call id, as they are now."""
+        return turn_results(self.scripts.results(self.session_id), tool_turn(checkpoint))
 
-    def committed(self, call_id: str) -> bool:
-        """Whether the call's result is committed already."""
-        return bool(self.client.hexists(self.keys.results(self.session_id), call_id))
-
-    def commit_result(self, call_id: str, result: Any) -> bool:
+    def commit_result(self, checkpoint: Checkpoint, call_id: str, result: Any) -> bool:
         """Commit a call's one result: the first writer wins, later ones are dropped."""
-        return bool(self.client.hsetnx(self.keys.results(self.session_id), call_id, json.dumps(result, default=str)))
+        field = result_field(tool_turn(checkpoint), call_id)
+        with redis_errors(self.client, f"commit the result of call {field!r} of session {self.session_id!r}"):
+            return bool(self.client.hsetnx(self.keys.results(self.session_id), field, json.dumps(result, default=str)))
 
-    def count_attempt(self, what: str) -> int:
-        return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, 1)))
+    def count_attempt(self, what: str, by: int = 1) -> int:
+        return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, by)))
 
     def aborted(self) -> bool:
-        """The session's abort flag, as last read, or as the heartbeat saw it since."""
-        if not self._abort_flag:
-            self._abort_flag = bool(self.client.exists(self.keys.abort(self.session_id)))
-        return self._abort_flag or self.signal.aborted
+        """The session's abort flag, as the step read it with its lease, or as the heartbeat saw it since."""
+        return self.abort_flag or self.signal.aborted
 
     def park(self, reason: str) -> None:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
@@ -143,43 +159,47 @@ class SessionSteps:
         self.client.hset(self.keys.parked, self.session_id, reason)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
 
-    def send_deferred(self) -> None:
-        """Send the next model turn only once the session's lease is released: sent while we hold
-        it, an idle worker would take the task at once, find the lease busy and drop it."""
-        turn, self._model_turn_to_send = self._model_turn_to_send, None
-        if turn is not None:
-            send_model_turn(self.runtime.app, self.session_id, turn)
+    def end(self, lease: Lease) -> None:
+        """The step's last round trip (mark the calls about to be sent, drop a completed turn's
+        state, release the lease), then send. Sent while the lease is held, the next model turn
+        would be taken by an idle worker at once, which would find the lease busy and drop it."""
+        calls, self._calls_to_send = self._calls_to_send, []
+        fields = [result_field(turn, call.id) for turn, call in calls]
+        marks = self.scripts.end_step(self.session_id, lease, turn_complete=self._turn_complete, fields=fields)
+        for (turn, call), (first, running) in zip(calls, marks, strict=True):
+            if first or (self._redispatch and not running):  # a redispatch re-sends calls nobody runs
+                send_tool_call(self.runtime.app, self.session_id, call.id, call.name, turn)
+        next_turn, self._model_turn_to_send = self._model_turn_to_send, None
+        if next_turn is not None:
+            send_model_turn(self.runtime.app, self.session_id, next_turn)
 
     # -- advance -----------------------------------------------------------------------
 
     async def advance(self, expected_turn: int | None = None, redispatch: bool = False) -> str:
-        """Do what is next for the session, under its lease; a busy lease means someone else is on it."""
+        """Do what is next for the session, under its lease; a busy lease means someone else is on it.
+        A `model_turn` task counts its turn's start as it takes the lease (poison detection)."""
         lease = self.session_lease()
-        if not lease.acquire():
+        attempt = f"turn:{expected_turn}" if expected_turn is not None else ""
+        begun = self.scripts.begin_step(self.session_id, lease, attempt)
+        if begun is None:
             return "busy"
+        self._redispatch = redispatch
         try:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
-                return await self._advance_locked(lease, expected_turn, redispatch)
+                return await self._advance_locked(lease, begun, expected_turn)
         finally:
-            try:
-                lease.release()
-            finally:
-                self.send_deferred()
+            self.end(lease)
 
-    async def _advance_locked(self, lease: Lease, expected_turn: int | None, redispatch: bool) -> str:
-        checkpoint = self.runtime.store.checkpoints.load(self.session_id)
-        if checkpoint is None:
+    async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
+        if begun.checkpoint is None:
             return "unknown-session"
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hexists(self.keys.parked, self.session_id)
-        pipe.exists(self.keys.abort(self.session_id))
-        parked, self._abort_flag = (bool(x) for x in pipe.execute())
-        if parked:
+        if begun.parked:
             return "parked"
-        run = await self.make_run(checkpoint, lease)
-        checkpoint = materialize_accepted(checkpoint, run.agent.instructions)
+        self.abort_flag = begun.aborted
+        run = await self.make_run(begun.checkpoint, lease)
+        checkpoint = materialize_accepted(begun.checkpoint, run.agent.instructions)
         try:
-            return await self._step(run, checkpoint, expected_turn, redispatch, lease)
+            return await self._step(run, checkpoint, expected_turn, begun, lease)
         except RunAborted:
             await run._abort(run._latest)
             self.runtime.store.checkpoints.drop_inflight(self.session_id)
@@ -189,11 +209,11 @@ class SessionSteps:
             return "parked"
 
     async def _step(
-        self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, redispatch: bool, lease: Lease | None = None
+        self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, begun: Begun, lease: Lease
     ) -> str:
         run._latest = checkpoint
         while True:
-            if (self._abort_flag or self.signal.aborted) and checkpoint.status == "in-progress":
+            if self.aborted() and checkpoint.status == "in-progress":
                 return await self.abort(run, checkpoint)
             step = next_step(checkpoint, run.max_steps)
             if isinstance(step, SendPendingInput):
@@ -202,11 +222,16 @@ class SessionSteps:
                 turn = turn_number(checkpoint)
                 if expected_turn is not None and turn != expected_turn:
                     return "stale"
-                if lease is not None and not lease.extend():
+                counted = turn == expected_turn  # the start was counted as the lease was taken
+                if not lease.fresh() and not lease.extend():
                     # Paused (or partitioned) past the lease: another worker may have recorded this
                     # turn already; asking the model now would only cost a generation never saved.
+                    # A zombie that stands down does not use up an attempt of the turn.
+                    if counted:
+                        self.count_attempt(f"turn:{turn}", -1)
                     return "lease-lost"
-                if self.count_attempt(f"turn:{turn}") > self.runtime.settings.max_attempts:
+                started = begun.attempts if counted else self.count_attempt(f"turn:{turn}")
+                if started > self.runtime.settings.max_attempts:
                     self.park(
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
@@ -214,33 +239,56 @@ class SessionSteps:
                 checkpoint = await run._model_turn(checkpoint)
                 expected_turn = None
             elif isinstance(step, RunTools):
-                return await self.dispatch(run, checkpoint, redispatch)
+                return await self.dispatch(run, checkpoint, begun.results)
             elif isinstance(step, AwaitApproval):
                 return await self.on_approval(run, checkpoint)
             elif isinstance(step, Finish):
                 if not step.already_saved:
                     await run.save(finish(checkpoint, step.reason))
+                self._turn_complete = True
                 return "finished"
             run._latest = checkpoint
 
+    async def fold_after_call(self, lease: Lease, begun: Begun) -> str:
+        """A tool call's task, holding the session's lease (`commit_call`): fold what is committed and
+        send what is next. A late copy of a call whose turn is complete does nothing."""
+        try:
+            checkpoint = begun.checkpoint
+            if checkpoint is None:
+                return "unknown-session"
+            if begun.parked:
+                return "parked"
+            if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
+                return "nothing-to-fold"
+            self.abort_flag = begun.aborted
+            run = await self.make_run(checkpoint, lease)
+            if begun.aborted and checkpoint.status == "in-progress":
+                return await self.abort(run, checkpoint)
+            return await self.dispatch(run, checkpoint, begun.results)
+        finally:
+            self.end(lease)
+
     # -- tool calls ----------------------------------------------------------------------
 
-    async def dispatch(self, run: Run, checkpoint: Checkpoint, redispatch: bool = False) -> str:
-        """Fold committed results, then send tool tasks for the next calls, up to `tool_concurrency`."""
+    async def dispatch(self, run: Run, checkpoint: Checkpoint, known: dict[str, bytes] | None = None) -> str:
+        """Fold committed results, then send tool tasks for the next calls, up to `tool_concurrency`.
+        `known`: the results hash as the step read it when it took the lease (None: read it now)."""
         for _ in range(len(checkpoint.messages) + 2):
-            results = self.results()
+            results = self.results(checkpoint) if known is None else turn_results(known, tool_turn(checkpoint))
+            known = None
             checkpoint = await self.fold(run, checkpoint, results)
             if checkpoint.status == "awaiting-approval":
                 return "awaiting-approval"
             pending = checkpoint.pending_tool_calls()
             if not pending:
+                self._turn_complete = True
                 self._model_turn_to_send = turn_number(checkpoint)
                 return "turn-enqueued"
             window, settled = [], False
             for call in [c for c in pending if c.id not in results]:
                 plan = await plan_tool_call(call, run.agent, run._ctx(call))
-                if plan.preset:
-                    settled = self.commit_result(call.id, plan.result) or settled
+                if plan.preset:  # committed here, folded on the next pass
+                    settled = self.commit_result(checkpoint, call.id, plan.result) or settled
                     continue
                 if plan.needs_approval:
                     if call.id == pending[0].id:
@@ -251,27 +299,18 @@ class SessionSteps:
                 if len(window) >= run.agent.definition.tool_concurrency:
                     break
             if not settled:
-                self.send_tools(window, redispatch)
+                self.send_tools(checkpoint, window)
                 return "tools-dispatched"
         return "tools-dispatched"
 
-    def send_tools(self, calls: list[Any], redispatch: bool) -> None:
-        """Send each call's task once (a redispatch re-sends calls whose lease nobody holds)."""
-        if not calls:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for call in calls:
-            pipe.hsetnx(self.keys.dispatched(self.session_id), call.id, "1")
-            pipe.exists(self.keys.call_lease(self.session_id, call.id))
-        replies = pipe.execute()
-        for index, call in enumerate(calls):
-            first, running = replies[2 * index], replies[2 * index + 1]
-            if first or (redispatch and not running):
-                send_tool_call(self.runtime.app, self.session_id, call.id, call.name)
+    def send_tools(self, checkpoint: Checkpoint, calls: list[ToolCall], redispatch: bool = False) -> None:
+        """Send each call's task once, when the step ends (`end`)."""
+        self._calls_to_send += [(tool_turn(checkpoint), call) for call in calls]
+        self._redispatch = self._redispatch or redispatch
 
     async def fold(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None) -> Checkpoint:
         """Record committed results in call order (one save each); settle a decided approval."""
-        results = self.results() if results is None else results
+        results = self.results(checkpoint) if results is None else results
         if checkpoint.status == "awaiting-approval":
             checkpoint = await self._fold_approval(run, checkpoint, results)
             if checkpoint.status == "awaiting-approval":
@@ -292,7 +331,7 @@ class SessionSteps:
         self.runtime.store.approvals.save(snapshot.model_copy(update={"applied_at": utc_now()}))
         if snapshot.remaining_tool_calls is None:
             for call in resumed.pending_tool_calls():  # an old snapshot: the rest does not run (reference)
-                self.commit_result(call.id, NOT_RUN)
+                self.commit_result(resumed, call.id, NOT_RUN)
         return resumed
 
     def _approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
@@ -313,10 +352,12 @@ class SessionSteps:
         call = snapshot.tool_call
         if snapshot.status == "rejected":
             self.commit_result(
-                call.id, tool_error("rejected", snapshot.note or "A human rejected this call; it was not run.")
+                checkpoint,
+                call.id,
+                tool_error("rejected", snapshot.note or "A human rejected this call; it was not run."),
             )
             return await self.dispatch(run, checkpoint)
-        self.send_tools([call], redispatch=True)
+        self.send_tools(checkpoint, [call], redispatch=True)
         return "approved-call-dispatched"
 
     async def abort(self, run: Run, checkpoint: Checkpoint) -> str:
@@ -324,13 +365,10 @@ class SessionSteps:
         and idle (out of the in-flight index) until new input or `Client.resume`."""
         checkpoint = await self.fold(run, checkpoint)
         for call in checkpoint.pending_tool_calls():
-            self.commit_result(call.id, CANCELLED_RESULT)
+            self.commit_result(checkpoint, call.id, CANCELLED_RESULT)
         checkpoint = await self.fold(run, checkpoint)
         if checkpoint.status == "in-progress":
             await run.save(checkpoint)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
+        self._turn_complete = not checkpoint.pending_tool_calls()
         return "aborted"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

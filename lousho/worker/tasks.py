@@ -46,9 +46,9 @@ def register_tasks(app: Any, runtime: FleetRuntime) -> None:
         return _guarded(runtime, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
 
     @app.task(name=TASK_TOOL_CALL)  # type: ignore[untyped-decorator]
-    def tool_call(session_id: str, tool_call_id: str, tool_name: str = "") -> str:
-        """Run one tool call of the session's newest turn (a no-op when its result is recorded)."""
-        return _guarded(runtime, session_id, lambda steps: run_tool_call(steps, str(tool_call_id)))
+    def tool_call(session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0) -> str:
+        """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
+        return _guarded(runtime, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn)))
 
     @app.task(name=TASK_ADVANCE)  # type: ignore[untyped-decorator]
     def advance(session_id: str, reason: str = "") -> str:

@@ -1,5 +1,10 @@
 """One tool call as its own task: run it (at least once), commit its result (exactly once),
-then fold it into the checkpoint and send what comes next."""
+then fold it into the checkpoint and send what comes next.
+
+Round trips (issue #9): `begin_call` (the checkpoint, the abort flag, committed already? the
+call's lease, its start counted), the tool, `commit_call` (the result, the call's lease released,
+the session's lease taken and the checkpoint read), the fold's save, and `end`.
+"""
 
 from __future__ import annotations
 
@@ -16,54 +21,63 @@ from lousho.run import Run
 from lousho.tools import tool_error
 from lousho.worker.dispatch import send_advance
 from lousho.worker.heartbeat import heartbeat
+from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
-from lousho.worker.steps import SessionSteps
+from lousho.worker.steps import SessionSteps, tool_turn
 
 __all__ = ["run_tool_call"]
 
 
-async def run_tool_call(steps: SessionSteps, call_id: str) -> str:
-    """The `lousho.tool_call` task: a duplicate finds the result committed, or the call's lease held."""
-    checkpoint = steps.runtime.store.checkpoints.load(steps.session_id)
-    if checkpoint is None:
-        return "unknown-session"
-    call = next((c for c in checkpoint.pending_tool_calls() if c.id == call_id), None)
-    if call is None:
-        return "recorded"
-    if not steps.committed(call_id):
-        outcome = await _run_once(steps, checkpoint, call)
-        if outcome != "ran":
-            return outcome
-    return await fold_when_free(steps)
-
-
-async def _run_once(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall) -> str:
+async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
+    """The `lousho.tool_call` task for call `call_id` of model turn `turn`: a duplicate finds the
+    result committed, or the call's lease held; a copy from an earlier turn finds its turn over."""
+    if turn <= 0:  # a message from before the turn was sent along: read it off the checkpoint
+        checkpoint = steps.runtime.store.checkpoints.load(steps.session_id)
+        turn = tool_turn(checkpoint) if checkpoint is not None else 0
+    field = result_field(turn, call_id)
     settings = steps.runtime.settings
-    lease = Lease(steps.client, steps.keys.call_lease(steps.session_id, call.id), settings.lease_ttl_ms)
-    run = await steps.make_run(checkpoint, lease)
-    plan = await _plan(steps, run, checkpoint, call)
-    if plan is None:
-        return "waiting-for-approval"
-    if not lease.acquire():
+    call_lease = Lease(steps.client, steps.keys.call_lease(steps.session_id, call_id), settings.lease_ttl_ms)
+    begun = steps.scripts.begin_call(steps.session_id, field, call_lease)
+    if begun.checkpoint is None:
+        steps.scripts.undo_call(steps.session_id, field, call_lease)
+        return "unknown-session"
+    checkpoint = begun.checkpoint
+    pending = checkpoint.pending_tool_calls() if tool_turn(checkpoint) == turn else []
+    call = next((c for c in pending if c.id == call_id), None)
+    if call is None:
+        steps.scripts.undo_call(steps.session_id, field, call_lease)
+        return "recorded"
+    if begun.state == 0:
         return "running-elsewhere"
+    if begun.state < 0:  # committed by an earlier copy: only the fold may be left to do
+        return await fold_when_free(steps)
+    steps.abort_flag = begun.aborted
     try:
-        if steps.committed(call.id):  # another copy ran it between our first look and the lease
-            return "ran"
-        if steps.count_attempt(f"call:{call.id}") > settings.max_attempts:
-            result: Any = tool_error(
-                "poison",
-                f"This call was started {settings.max_attempts} times and never finished (its worker died each time).",
-            )
-        else:
-            async with heartbeat(steps.runtime, steps.session_id, lease, steps.signal):
-                result = await _run_abortable(steps, run, plan)
-        steps.commit_result(call.id, result)
+        run = await steps.make_run(checkpoint, call_lease)
+        plan = await _plan(steps, run, checkpoint, call)
+        if plan is None:
+            steps.scripts.undo_call(steps.session_id, field, call_lease)
+            return "waiting-for-approval"
+        result = await _run_started(steps, run, plan, call_lease, begun.state)
     except PropagatingToolError as exc:
+        call_lease.release()
         steps.park(f"tool call {call.id} raised PropagatingToolError: {exc}")
         return "parked"
-    finally:
-        lease.release()
-    return "ran"
+    except BaseException:
+        call_lease.release()
+        raise
+    return await fold_when_free(steps, (field, result, call_lease))
+
+
+async def _run_started(steps: SessionSteps, run: Run, plan: PlannedCall, call_lease: Lease, started: int) -> Any:
+    """The call's result: the tool's, or a poison error once it was started `max_attempts` times."""
+    max_attempts = steps.runtime.settings.max_attempts
+    if started > max_attempts:
+        return tool_error(
+            "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
+        )
+    async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal):
+        return await _run_abortable(steps, run, plan)
 
 
 async def _plan(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall) -> PlannedCall | None:
@@ -87,27 +101,19 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
         return CANCELLED_RESULT
 
 
-async def fold_when_free(steps: SessionSteps) -> str:
-    """Fold under the session's lease; if it stays busy, leave the fold to an `advance` task."""
+async def fold_when_free(steps: SessionSteps, commit: tuple[str, Any, Lease] | None = None) -> str:
+    """Commit the call's result (`commit`: its field, result and lease), then fold under the session's
+    lease; if the lease stays busy, leave the fold to an `advance` task."""
     deadline = time.monotonic() + steps.runtime.settings.lock_wait_s
     lease = steps.session_lease()
-    while not lease.acquire():
+    if commit is not None:
+        begun = steps.scripts.commit_call(steps.session_id, commit[0], commit[1], commit[2], lease)
+    else:
+        begun = steps.scripts.begin_step(steps.session_id, lease)
+    while begun is None:
         if time.monotonic() > deadline:
             send_advance(steps.runtime.app, steps.session_id, "fold")
             return "fold-deferred"
         await asyncio.sleep(0.02)
-    try:
-        checkpoint = steps.runtime.store.checkpoints.load(steps.session_id)
-        if checkpoint is None:
-            return "unknown-session"
-        if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
-            return "nothing-to-fold"  # a late copy of a call whose turn is already complete
-        run = await steps.make_run(checkpoint, lease)
-        if steps.aborted() and checkpoint.status == "in-progress":
-            return await steps.abort(run, checkpoint)
-        return await steps.dispatch(run, checkpoint)
-    finally:
-        try:
-            lease.release()
-        finally:
-            steps.send_deferred()
+        begun = steps.scripts.begin_step(steps.session_id, lease)
+    return await steps.fold_after_call(lease, begun)

@@ -132,6 +132,19 @@ class ChaosFleet(Fleet):
     def results_key(self, session_id: str) -> str:
         return f"{self.prefix}{{{session_id}}}:results"
 
+    def committed(self, session_id: str) -> dict[str, Any]:
+        """The session's committed results hash by call id (fields are '<turn>:<call id>'; dropped once
+        the turn is complete, when every result is in the checkpoint)."""
+        raw = self.redis.hgetall(self.results_key(session_id))
+        return {k.decode().split(":", 1)[1]: json.loads(v) for k, v in raw.items()}
+
+    def has_result(self, session_id: str, call_id: str) -> bool:
+        """Committed, or recorded in the checkpoint already."""
+        if call_id in self.committed(session_id):
+            return True
+        checkpoint = self.store.checkpoints.load(session_id)
+        return checkpoint is not None and any(m.tool_call_id == call_id for m in checkpoint.messages if m.role == "tool")
+
     def note_interrupted(self, pid: int) -> None:
         """A fault hit `pid`: each run of a call it started (or leased, about to start) that has no recorded
         result yet may be followed by one more run. Each run is counted once, however many faults hit it."""
@@ -144,7 +157,7 @@ class ChaosFleet(Fleet):
                     calls[lease_key.decode().rsplit(":lease:", 1)[1]] = 1  # leased: its run may not have started
             for call, leased in calls.items():
                 session = self.call_session.get(call)
-                if session is None or self.redis.hexists(self.results_key(session), call):
+                if session is None or self.has_result(session, call):
                     continue
                 runs = [r.decode() for r in self.redis.lrange(self.key(f"runlog:{call}"), 0, -1)]
                 mine = sum(r.startswith(f"{pid}@") for r in runs)
@@ -427,7 +440,7 @@ def check_sessions(
         if [m.tool_call_id for m in tool_messages] != [c.id for c in calls]:
             violations.append(f"{session}: results {[m.tool_call_id for m in tool_messages]} != calls {[c.id for c in calls]}")
             continue
-        committed = {k.decode(): json.loads(v) for k, v in fleet.redis.hgetall(fleet.results_key(session)).items()}
+        committed = fleet.committed(session)
         for call, message in zip(calls, tool_messages, strict=True):
             result = message.result()
             if session in aborted and result == CANCELLED_RESULT:

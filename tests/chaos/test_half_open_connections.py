@@ -55,6 +55,7 @@ def proxied_fleet(tmp_path: Path) -> Iterator[tuple[Blackhole, ChaosFleet]]:
     fleet = make_fleet(f"redis://127.0.0.1:{port}/0", "bh:", direct, tmp_path)
     fleet.env["LOUSHO_TEST_FLEET_REDIS"] = f"redis://127.0.0.1:{proxy.port}/0"
     fleet.env["LOUSHO_TEST_STORE_OPTIONS"] = '{"socket_timeout": 5}'
+    fleet.env["LOUSHO_TEST_PROBE_REDIS"] = f"redis://127.0.0.1:{port}/0"  # a tool's run counts even if its store is cut
     if os.environ.get("LOUSHO_CHAOS_CELERY_CONF"):
         fleet.env["LOUSHO_TEST_CELERY_CONF"] = os.environ["LOUSHO_CHAOS_CELERY_CONF"]
     yield proxy, fleet

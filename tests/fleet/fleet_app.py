@@ -15,7 +15,9 @@ appended to `<folder>/saves-<pid>.log`, outside Redis, so a Redis crash cannot e
 `LOUSHO_TEST_SEND_FAULTS=drop=0.1,dup=0.2,seed=7` (each task this worker sends is dropped or
 sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CONF=<json>`
 (Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`),
-`LOUSHO_TEST_STORE_OPTIONS=<json>` (RedisStore client options, e.g. `{"socket_timeout": 5}`).
+`LOUSHO_TEST_STORE_OPTIONS=<json>` (RedisStore client options, e.g. `{"socket_timeout": 5}`),
+`LOUSHO_TEST_PROBE_REDIS=<url>` (where the test's own counters and scripts live, when the store's
+Redis is behind a fault proxy: the probes must see the faults' effects without suffering them).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import signal
 import time
 from typing import Any
 
+import redis as redis_py
 from pydantic import BaseModel
 
 from lousho import Agent, Message, ToolContext, define_tool
@@ -48,7 +51,7 @@ SETTINGS = FleetSettings(
 TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
 SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")
 store = RedisStore(URL, prefix=PREFIX, **json.loads(os.environ.get("LOUSHO_TEST_STORE_OPTIONS") or "{}"))
-redis = store.client
+redis = redis_py.Redis.from_url(os.environ["LOUSHO_TEST_PROBE_REDIS"]) if os.environ.get("LOUSHO_TEST_PROBE_REDIS") else store.client
 
 
 def key(name: str) -> str:

@@ -9,6 +9,7 @@ import time
 
 from lousho import Message
 from lousho.worker.dispatch import send_advance, send_model_turn, send_tool_call
+from lousho.worker.keys import result_field
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
 
@@ -74,7 +75,7 @@ def test_every_task_delivered_twice_records_nothing_twice(fleet: Fleet) -> None:
     fleet.wait_for(sessions, timeout_s=60)
     for session in sessions:  # late duplicates of every kind, after the fact
         send_model_turn(fleet.client.app, session, 2)
-        send_tool_call(fleet.client.app, session, f"{session}-a", "work")
+        send_tool_call(fleet.client.app, session, f"{session}-a", "work", 1)
         send_advance(fleet.client.app, session, "duplicate")
     time.sleep(1.0)
 
@@ -128,10 +129,11 @@ def test_a_stale_copy_of_a_tool_call_changes_nothing(fleet: Fleet) -> None:
 
 def test_the_first_committed_result_of_a_call_is_the_one_recorded(fleet: Fleet) -> None:
     fleet.script("r", [tool_turn(("r-1", "work", {"n": 6})), Message.assistant("r done")])
-    fleet.redis.hset(f"{fleet.prefix}{{r}}:results", "r-1", json.dumps({"n": 6, "square": "committed first"}))
+    fleet.client.enqueue("jobs", "go", session_id="r")  # before any worker: turn 1 cannot have run yet
+    committed_first = json.dumps({"n": 6, "square": "committed first"})
+    fleet.redis.hset(fleet.client.keys.results("r"), result_field(1, "r-1"), committed_first)
     fleet.start_worker()
 
-    fleet.client.enqueue("jobs", "go", session_id="r")
     fleet.wait_for(["r"], timeout_s=30)
 
     checkpoint = fleet.client.checkpoint("r")

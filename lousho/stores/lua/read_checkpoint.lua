@@ -1,0 +1,41 @@
+-- read_checkpoint(cp, msgs, known): one session's latest checkpoint, read consistently (RedisStore).
+-- A library: load.lua calls it, and so do the worker's scripts that take a lease and read the
+-- checkpoint in the same round trip (lousho/worker/lua/step_begin.lua).
+--
+-- cp: the head key; msgs: the messages list; known: the writer id of the save whose transcript the
+-- caller holds already ('' = none).
+-- Replies: {'none'} | {'corrupt', problem} | {'known', head}: the caller's transcript is this
+-- head's, so no message is sent (a worker that made the last save reads back a few hundred
+-- bytes, not the transcript) | {'head', head, message...}: the head and the messages its
+-- segments name, in transcript order. A plain checkpoint JSON (no store header) comes back
+-- alone; the caller reads its inline messages and reports damage.
+local function read_checkpoint(cp, msgs, known)
+  local kind = redis.call('TYPE', cp)['ok']
+  if kind == 'none' then return {'none'} end
+  if kind ~= 'string' then return {'corrupt', cp .. ' holds a ' .. kind .. ', not a string'} end
+  local head = redis.call('GET', cp)
+  local header = string.match(head, '^{"%$store":(%b{})')
+  if not header then return {'head', head} end
+  local ok, meta = pcall(cjson.decode, header)
+  if not ok or type(meta) ~= 'table' or type(meta.s) ~= 'table' then return {'head', head} end
+  local list_kind = redis.call('TYPE', msgs)['ok']
+  if list_kind ~= 'none' and list_kind ~= 'list' then
+    return {'corrupt', msgs .. ' holds a ' .. list_kind .. ', not a list'}
+  end
+  local list_length = redis.call('LLEN', msgs)
+  for _, seg in ipairs(meta.s) do
+    if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
+      return {'corrupt', 'its store header is damaged'}
+    end
+    if seg[1] + seg[2] > list_length then
+      return {'corrupt', 'its messages list is shorter than its head says (deleted or expired?)'}
+    end
+  end
+  if known ~= '' and meta.w == known then return {'known', head} end
+  local reply = {'head', head}
+  for _, seg in ipairs(meta.s) do
+    local part = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
+    for _, message in ipairs(part) do reply[#reply + 1] = message end
+  end
+  return reply
+end

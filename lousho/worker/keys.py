@@ -1,0 +1,64 @@
+"""The fleet's own Redis keys, beside the store's: same prefix, same per-session hash tag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lousho.stores.redis import RedisStore
+
+__all__ = ["FleetKeys", "result_field"]
+
+
+def result_field(turn: int, call_id: str) -> str:
+    """A call's field in the session's results, dispatched and attempts hashes: `<turn>:<call id>`.
+
+    The turn is part of it because a model may reuse call ids from turn to turn ('call_0' each
+    time): a result committed for turn 3's `call_0` must never stand for turn 4's."""
+    return f"{turn}:{call_id}"
+
+
+@dataclass(frozen=True)
+class FleetKeys:
+    """The fleet's own per-session keys, beside the store's (same prefix and hash tag)."""
+
+    store: RedisStore
+
+    def lease(self, session_id: str) -> str:
+        return self.store.keys.session_key(session_id, "lease")
+
+    def call_lease(self, session_id: str, call_id: str) -> str:
+        return self.store.keys.session_key(session_id, f"lease:{call_id}")
+
+    def results(self, session_id: str) -> str:
+        """Hash `result_field` -> result JSON: each call's result is committed once (HSETNX).
+        Dropped, with `dispatched` and `attempts`, when the step that completes a turn ends."""
+        return self.store.keys.session_key(session_id, "results")
+
+    def dispatched(self, session_id: str) -> str:
+        """Hash `result_field` -> 1: tool tasks already sent, so a fold does not send them again."""
+        return self.store.keys.session_key(session_id, "dispatched")
+
+    def attempts(self, session_id: str) -> str:
+        """Hash 'turn:<n>' / 'call:<result_field>' -> started attempts (poison detection)."""
+        return self.store.keys.session_key(session_id, "attempts")
+
+    def abort(self, session_id: str) -> str:
+        return self.store.keys.session_key(session_id, "abort")
+
+    def all_of(self, session_id: str) -> list[str]:
+        return [
+            self.lease(session_id),
+            self.results(session_id),
+            self.dispatched(session_id),
+            self.attempts(session_id),
+            self.abort(session_id),
+        ]
+
+    @property
+    def parked(self) -> str:
+        """Set of sessions whose model turn killed its worker `max_attempts` times."""
+        return f"{self.store.prefix}parked"
+
+    @property
+    def reaper_lock(self) -> str:
+        return f"{self.store.prefix}reaper:lock"

@@ -1,0 +1,200 @@
+"""A step's round trips to Redis, each one Lua script (lua/*.lua): what a fleet hop costs.
+
+A model turn hop is three round trips (`begin_step`, the checkpoint save, `end_step`); a tool
+call hop five (the checkpoint read, `begin_call`, `commit_call`, the save, `end_step`), plus the
+broker's. Each script says in its header what it does; this module calls them and types their
+replies (issue #9: fleet per-step latency).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from lousho.checkpoint import Checkpoint
+from lousho.errors import CorruptCheckpointError
+from lousho.stores.redis import RedisStore
+from lousho.stores.redis_common import load_script, redis_errors, text
+from lousho.stores.segments import Known
+from lousho.worker.keys import FleetKeys
+from lousho.worker.leases import Lease
+
+__all__ = ["Begun", "CallBegun", "FleetScripts", "turn_results"]
+
+
+def turn_results(raw: dict[str, bytes], turn: int) -> dict[str, Any]:
+    """The committed results of tool turn `turn` in the results hash `raw`, by call id."""
+    prefix = f"{turn}:"
+    return {field[len(prefix) :]: json.loads(value) for field, value in raw.items() if field.startswith(prefix)}
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What a step read as it took the session's lease (one script, so all of it at one moment)."""
+
+    parked: bool
+    aborted: bool
+    attempts: int
+    """Starts of the model turn counted with the lease (0 when none was)."""
+    results: dict[str, bytes]
+    """The committed results hash, field -> JSON (`turn_results` picks one turn's)."""
+    checkpoint: Checkpoint | None
+
+
+@dataclass(frozen=True)
+class CallBegun:
+    """What a tool call's task read as it tried the call's lease (`begin_call`)."""
+
+    state: int
+    """-1: the call's result is committed already; 0: someone else holds its lease; n: this is its
+    n-th start, and the lease is ours."""
+    aborted: bool
+    checkpoint: Checkpoint | None
+
+
+@dataclass
+class FleetScripts:
+    """The worker's scripts, registered once per process."""
+
+    store: RedisStore
+
+    def __post_init__(self) -> None:
+        self.client: redis.Redis = self.store.client
+        self.keys = FleetKeys(self.store)
+        self._begin = load_script(self.client, "lousho.worker:step_begin")
+        self._call_begin = load_script(self.client, "lousho.worker:call_begin")
+        self._commit = load_script(self.client, "lousho.worker:call_commit")
+        self._end = load_script(self.client, "lousho.worker:step_end")
+
+    def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
+        """Take the session's lease and read the step's state; None when someone else holds it."""
+        keys, args, known = self._begin_parts(session_id, lease, attempt_field)
+        started = time.monotonic()
+        with redis_errors(self.client, f"take the lease of session {session_id!r}"):
+            reply = self._begin(keys=keys, args=args)
+        try:
+            return self._begun(session_id, lease, reply, started, known)
+        except CorruptCheckpointError:
+            self._undo_begin(session_id, lease, attempt_field)
+            raise
+
+    def begin_call(self, session_id: str, field: str, lease: Lease) -> CallBegun:
+        """Read the checkpoint and the abort flag; unless the call's result is committed, take the
+        call's lease and count this start. A damaged checkpoint is handed back untouched."""
+        known = self.store.checkpoints.cached(session_id)
+        keys = [
+            self.keys.results(session_id),
+            lease.key,
+            self.keys.attempts(session_id),
+            self.keys.abort(session_id),
+            *self.store.checkpoints.read_keys(session_id),
+        ]
+        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else ""]
+        started = time.monotonic()
+        with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
+            reply = self._call_begin(keys=keys, args=args)
+        state = int(reply[0])
+        lease.held, lease.confirmed_at = state > 0, started
+        try:
+            checkpoint = self.store.checkpoints.from_reply(session_id, reply[2], known)
+        except CorruptCheckpointError:
+            self.undo_call(session_id, field, lease)
+            raise
+        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint)
+
+    def undo_call(self, session_id: str, field: str, lease: Lease) -> None:
+        """Take back `begin_call` (the call does not run after all: recorded, stale, not approved)."""
+        if lease.held:
+            self._uncount(session_id, f"call:{field}")
+            lease.release()
+
+    def commit_call(self, session_id: str, field: str, result: Any, call_lease: Lease, lease: Lease) -> Begun | None:
+        """Commit the call's result (first writer wins), release its lease, then `begin_step`."""
+        keys, args, known = self._begin_parts(session_id, lease, "")
+        commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:]]  # call_commit.lua's KEYS order
+        commit_args = [field, json.dumps(result, default=str), call_lease.token, *args]
+        started = time.monotonic()
+        with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
+            reply = self._commit(keys=commit_keys, args=commit_args)
+        call_lease.held = False
+        try:
+            return self._begun(session_id, lease, reply, started, known)
+        except CorruptCheckpointError:
+            self._undo_begin(session_id, lease, "")
+            raise
+
+    def results(self, session_id: str) -> dict[str, bytes]:
+        """The committed results hash as it is now (`turn_results` picks one turn's)."""
+        with redis_errors(self.client, f"read the committed results of session {session_id!r}"):
+            raw = self.client.hgetall(self.keys.results(session_id))
+        return {text(field): value for field, value in raw.items()}  # type: ignore[union-attr]
+
+    def end_step(
+        self, session_id: str, lease: Lease, *, turn_complete: bool, fields: Sequence[str] = ()
+    ) -> list[tuple[bool, bool]]:
+        """Mark `fields` dispatched, drop a completed turn's state, release the lease.
+        Per field: (marked for the first time here, someone holds the call's lease)."""
+        call_ids = [field.split(":", 1)[1] for field in fields]
+        keys = [
+            lease.key,
+            self.keys.dispatched(session_id),
+            self.keys.results(session_id),
+            self.keys.attempts(session_id),
+            *(self.keys.call_lease(session_id, call_id) for call_id in call_ids),
+        ]
+        with redis_errors(self.client, f"release the lease of session {session_id!r}"):
+            reply = self._end(keys=keys, args=[lease.token, "1" if turn_complete else "0", *fields])
+        lease.held = False
+        return [(bool(reply[i]), bool(reply[i + 1])) for i in range(1, len(reply), 2)]
+
+    # -- replies ---------------------------------------------------------------------------
+
+    def _begin_parts(
+        self, session_id: str, lease: Lease, attempt_field: str
+    ) -> tuple[list[str], list[Any], Known | None]:
+        """step_begin.lua's KEYS and ARGV, and the cached save whose writer id they name."""
+        known = self.store.checkpoints.cached(session_id)
+        keys = [
+            lease.key,
+            self.keys.parked,
+            self.keys.abort(session_id),
+            self.keys.attempts(session_id),
+            self.keys.results(session_id),
+            *self.store.checkpoints.read_keys(session_id),
+        ]
+        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else ""]
+        return keys, args, known
+
+    def _undo_begin(self, session_id: str, lease: Lease, attempt_field: str) -> None:
+        """A damaged checkpoint is left exactly as it was, its session's keys included: the start
+        counted with the lease is taken back (no turn started), and the lease released."""
+        if attempt_field:
+            self._uncount(session_id, attempt_field)
+        lease.release()
+
+    def _uncount(self, session_id: str, attempt_field: str) -> None:
+        """One start fewer (the field goes when it reaches 0: the keys are as they were)."""
+        key = self.keys.attempts(session_id)
+        with redis_errors(self.client, f"take back a start counted for {attempt_field!r} of {session_id!r}"):
+            if int(cast(int, self.client.hincrby(key, attempt_field, -1))) <= 0:
+                self.client.hdel(key, attempt_field)
+
+    def _begun(
+        self, session_id: str, lease: Lease, reply: list[Any], started: float, known: Known | None
+    ) -> Begun | None:
+        if not reply[0]:
+            return None
+        lease.held, lease.confirmed_at = True, started
+        flat = reply[4]
+        return Begun(
+            parked=bool(reply[1]),
+            aborted=bool(reply[2]),
+            attempts=int(reply[3]),
+            results={text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)},
+            checkpoint=self.store.checkpoints.from_reply(session_id, reply[5], known),
+        )
