@@ -35,6 +35,24 @@ def test_a_job_runs_to_the_end_on_the_fleet(fleet: Fleet) -> None:
     assert fleet.counts("asked") == {"job-1:1": 1, "job-1:2": 1, "job-1:3": 1}
 
 
+def test_a_model_that_reuses_call_ids_across_turns_gets_each_turns_own_results(fleet: Fleet) -> None:
+    # Some OpenAI-compatible servers number calls per turn ('call_0' every time): a result committed
+    # for one turn's call must never stand for the next turn's call of the same id.
+    fleet.start_worker()
+    fleet.script("reuse", [*(tool_turn(("call_0", "work", {"n": n})) for n in (2, 3, 4)), Message.assistant("done")])
+
+    fleet.client.enqueue("jobs", "go", session_id="reuse")
+    fleet.wait_for(["reuse"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("reuse")
+    assert checkpoint is not None
+    assert [m.result() for m in checkpoint.messages if m.role == "tool"] == [
+        {"n": n, "square": n * n} for n in (2, 3, 4)
+    ]
+    assert fleet.counts("runs") == {"call_0": 3}
+    assert fleet.redis.exists(fleet.client.keys.results("reuse")) == 0  # dropped as each turn completed
+
+
 async def test_the_fleet_gives_the_same_transcript_as_the_in_process_path(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in fleet.env.items():
         monkeypatch.setenv(name, value)
