@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
 import redis
+from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
@@ -42,7 +44,7 @@ from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, tex
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.segments import Known, SessionCache
 
-__all__ = ["LeaseLostError", "RedisCheckpointStore"]
+__all__ = ["AndThen", "LeaseLostError", "RedisCheckpointStore"]
 
 
 def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
@@ -55,6 +57,30 @@ def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
             break
         count += 1
     return count
+
+
+@dataclass(frozen=True)
+class AndThen:
+    """A caller's script to run right after a save, in the same round trip (`save(and_then=...)`).
+
+    Its source calls `save_checkpoint()` first (`-- needs: save_checkpoint`), then does its own part
+    only when the save answered 'ok' or 'done', and replies `{save reply}` or `{save reply, its own}`.
+    It gets the save's KEYS (with the fence key at 5) and ARGV, then `keys` and `args`; the save's
+    ARGV[11] says how many messages follow, so its own ARGV start at 12 + that count."""
+
+    script: Script
+    keys: list[str]
+    args: list[str | int]
+
+
+@dataclass(frozen=True)
+class _SaveRequest:
+    session_id: str
+    checkpoint: Checkpoint
+    body: str
+    writer_id: str
+    fence: tuple[str, str] | None
+    and_then: AndThen | None
 
 
 class RedisCheckpointStore:
@@ -82,57 +108,67 @@ class RedisCheckpointStore:
 
     # -- save ------------------------------------------------------------------------------
 
-    def save(self, session_id: str, checkpoint: Checkpoint, *, fence: tuple[str, str] | None = None) -> None:
+    def save(
+        self,
+        session_id: str,
+        checkpoint: Checkpoint,
+        *,
+        fence: tuple[str, str] | None = None,
+        and_then: AndThen | None = None,
+    ) -> Any:
         """Compare-and-set `checkpoint` as the session's latest (version must be stored + 1).
 
         `fence=(lease_key, token)`: the save also requires that key to hold that token, checked in
         the same script, so a worker whose lease expired and was taken over writes nothing
         (`LeaseLostError`). The lease key must be one of the session's keys (`keys.session_key`).
+        `and_then` (fenced saves only): a script of the caller's that runs in the same round trip,
+        only if the save did; its reply is returned.
         """
         validate_session_id(session_id)
         if fence is not None and not fence[0].startswith(self.keys.session_key(session_id, "")):
             raise ValueError(f"fence key {fence[0]!r} is not a key of session {session_id!r}")
+        if and_then is not None and fence is None:
+            raise ValueError("save(and_then=...) needs fence=: the script after the save is given the lease key")
         body = checkpoint.model_dump_json(exclude={"messages"})
         writer_id = uuid.uuid4().hex
         known = self._cache.get(session_id)
+        request = _SaveRequest(session_id, checkpoint, body, writer_id, fence, and_then)
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
                 keep = _common_prefix(known.messages, checkpoint.messages)
-                reply = self._run_save(session_id, checkpoint, body, writer_id, known.writer, keep, fence)
+                reply, after = self._run_save(request, known.writer, keep)
                 if reply[0] == "resync":
-                    reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0, fence)
+                    reply, after = self._run_save(request, "", 0)
             else:
-                reply = self._run_save(session_id, checkpoint, body, writer_id, "", 0, fence)
+                reply, after = self._run_save(request, "", 0)
         self._settle(session_id, checkpoint, writer_id, reply, fence)
+        return after
 
-    def _run_save(
-        self,
-        session_id: str,
-        checkpoint: Checkpoint,
-        body: str,
-        writer_id: str,
-        expected: str,
-        keep: int,
-        fence: tuple[str, str] | None = None,
-    ) -> list[Any]:
+    def _run_save(self, request: _SaveRequest, expected: str, keep: int) -> tuple[list[Any], Any]:
         """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
+        checkpoint, fence, and_then = request.checkpoint, request.fence, request.and_then
         new = checkpoint.messages[keep:] if expected else checkpoint.messages
         args: list[str | int] = [
             checkpoint.version,
             expected,
             keep,
-            writer_id,
-            body,
+            request.writer_id,
+            request.body,
             self.history_limit,
             self.ttl_ms,
             self._deadline_for(checkpoint),
-            session_id,
+            request.session_id,
             fence[1] if fence else "",
+            len(new),
             *(message.model_dump_json() for message in new),
         ]
-        keys = [*self.keys.session_keys(session_id), self.keys.inflight, *([fence[0]] if fence else [])]
-        reply = self._save(keys=keys, args=args)
-        return [text(part) if isinstance(part, bytes) else part for part in reply]
+        keys = [*self.keys.session_keys(request.session_id), self.keys.inflight, *([fence[0]] if fence else [])]
+        if and_then is None:
+            reply, after = self._save(keys=keys, args=args), None
+        else:
+            both = and_then.script(keys=[*keys, *and_then.keys], args=[*args, *and_then.args])
+            reply, after = both[0], (both[1] if len(both) > 1 else None)
+        return [text(part) if isinstance(part, bytes) else part for part in reply], after
 
     def _deadline_for(self, checkpoint: Checkpoint) -> int:
         """In-flight action: a deadline for running work, 0 (remove) otherwise, -1 when the index is off."""

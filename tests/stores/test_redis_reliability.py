@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
@@ -21,6 +22,7 @@ from lousho.checkpoint import Checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, StoreUnavailableError
 from lousho.messages import Message
 from lousho.stores.redis import LeaseLostError, RedisStore
+from lousho.stores.redis_checkpoints import _SaveRequest
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import race, sample_checkpoint, sample_snapshot
 from tests.stores.test_redis_store import grow, run_steps
@@ -97,9 +99,13 @@ def test_a_save_retried_after_a_lost_reply_is_recognised(redis_store: RedisStore
     cps = redis_store.checkpoints
     checkpoint = sample_checkpoint("retry")
     body = checkpoint.model_dump_json(exclude={"messages"})
-    assert cps._run_save("retry", checkpoint, body, "writer-1", "", 0)[0] == "ok"
-    assert cps._run_save("retry", checkpoint, body, "writer-1", "", 0) == ["done"]
-    assert cps._run_save("retry", checkpoint, body, "writer-2", "", 0) == ["conflict", 1]
+
+    def send(writer_id: str) -> list[Any]:
+        return cps._run_save(_SaveRequest("retry", checkpoint, body, writer_id, None, None), "", 0)[0]
+
+    assert send("writer-1")[0] == "ok"
+    assert send("writer-1") == ["done"]
+    assert send("writer-2") == ["conflict", 1]
     assert cps.load("retry") == checkpoint
 
 

@@ -1,0 +1,161 @@
+-- save_checkpoint(): save one checkpoint of one session, all or nothing (RedisStore). A library:
+-- save.lua calls it, and so does the worker's save_end.lua, which passes more KEYS and ARGV after
+-- these (its own part runs only when the save did).
+--
+-- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index, [5 the session's lease when fenced]
+-- ARGV: 1 new version, 2 writer id of the head the writer built on ('' = unknown: full write),
+--       3 keep: messages of that head's transcript the new one starts with (ignored on a full write),
+--       4 this save's writer id, 5 the checkpoint's JSON without its messages,
+--       6 history limit, 7 ttl ms (0 = none), 8 in-flight deadline ms (>0 add, 0 remove, -1 leave),
+--       9 session id (the in-flight member), 10 the lease token the writer holds ('' = not fenced),
+--       11 how many messages follow, 12.. the messages to append
+--
+-- Redis never rolls a script back: every check runs before the first write, so a
+-- script that refuses (stale version, damaged head, a key of the wrong type) has
+-- changed nothing.
+--
+-- Replies: {'ok', ms} | {'done'} (this very save was applied before: a client retry)
+--          | {'conflict', stored version or -1} | {'fenced'} (the lease is not the writer's)
+--          | {'resync'} | {'corrupt', problem}
+local function save_checkpoint()
+  if redis.replicate_commands then redis.replicate_commands() end
+  local cp, msgs, hist, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+  local new_version = tonumber(ARGV[1])
+  local expected_wid = ARGV[2]
+  local keep = tonumber(ARGV[3])
+  local wid = ARGV[4]
+  local body = ARGV[5]
+  local history_limit = tonumber(ARGV[6])
+  local ttl_ms = tonumber(ARGV[7])
+  local deadline_ms = tonumber(ARGV[8])
+  local session = ARGV[9]
+  local fence_token = ARGV[10]
+  local FIRST = 12
+  local LAST = 11 + tonumber(ARGV[11])
+
+  local function wrong_type(key, want)
+    local kind = redis.call('TYPE', key)['ok']
+    if kind ~= 'none' and kind ~= want then return key .. ' holds a ' .. kind .. ', not a ' .. want end
+    return nil
+  end
+
+  -- The head's store header, or a plain checkpoint JSON (messages inline) read as version + no segments.
+  local function stored_meta(head)
+    local header = string.match(head, '^{"%$store":(%b{})')
+    if header then
+      local ok, meta = pcall(cjson.decode, header)
+      if ok and type(meta) == 'table' and type(meta.v) == 'number' and type(meta.s) == 'table' then return meta end
+      return nil, 'its store header is damaged'
+    end
+    if not string.match(head, '^%s*{') then return nil, 'it is not a JSON object' end
+    local ok, plain = pcall(cjson.decode, head)
+    if not ok or type(plain) ~= 'table' then return nil, 'it is not JSON' end
+    local version = plain.version
+    if version == nil then version = 0 end
+    if type(version) ~= 'number' then return nil, 'its version is not a number' end
+    return {f = 1, v = version, s = {}}
+  end
+
+  -- The first `count` messages of a transcript given as segments {start, count} of the list.
+  local function kept_segments(segs, count)
+    local out, left = {}, count
+    for _, seg in ipairs(segs) do
+      if left <= 0 then break end
+      local n = math.min(seg[2], left)
+      out[#out + 1] = {seg[1], n}
+      left = left - n
+    end
+    if left > 0 then return nil end
+    return out
+  end
+
+  -- How many of the sent messages equal the stored transcript's first ones (a full write appends only the rest).
+  local function common_prefix(segs)
+    local matched = 0
+    for _, seg in ipairs(segs) do
+      local stored = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
+      for _, message in ipairs(stored) do
+        if FIRST + matched > LAST or ARGV[FIRST + matched] ~= message then return matched end
+        matched = matched + 1
+      end
+    end
+    return matched
+  end
+
+  local function encode_segments(segs)
+    local parts = {}
+    for i, seg in ipairs(segs) do parts[i] = string.format('[%d,%d]', seg[1], seg[2]) end
+    return '[' .. table.concat(parts, ',') .. ']'
+  end
+
+  -- Checks: nothing is written above this line.
+  if fence_token ~= '' and redis.call('GET', KEYS[5]) ~= fence_token then return {'fenced'} end
+  local bad = wrong_type(cp, 'string') or wrong_type(msgs, 'list') or wrong_type(hist, 'list')
+    or wrong_type(inflight, 'zset')
+  if bad then return {'corrupt', bad} end
+  local head = redis.call('GET', cp)
+  local stored = {f = 1, v = 0, s = {}}
+  if head then
+    local meta, problem = stored_meta(head)
+    if not meta then return {'corrupt', problem} end
+    if (tonumber(meta.f) or 1) > 1 then
+      return {'corrupt', 'it was written by a newer lousho (store format ' .. tostring(meta.f) .. '); upgrade lousho'}
+    end
+    stored = meta
+  end
+  if stored.v == new_version and stored.w == wid then return {'done'} end
+  local list_length = redis.call('LLEN', msgs)
+  for _, seg in ipairs(stored.s) do
+    if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
+      return {'corrupt', 'its store header is damaged'}
+    end
+    if seg[1] + seg[2] > list_length then
+      return {'corrupt', 'its messages list is shorter than its head says (deleted or expired?)'}
+    end
+  end
+  if stored.v ~= new_version - 1 then
+    if head then return {'conflict', stored.v} end
+    return {'conflict', -1}
+  end
+  -- Incremental: ARGV holds only the new messages. Full: ARGV holds the whole transcript.
+  local first_new = FIRST
+  if expected_wid == '' then
+    keep = common_prefix(stored.s)
+    first_new = FIRST + keep
+  elseif stored.w ~= expected_wid then
+    return {'resync'}
+  end
+  local segs = kept_segments(stored.s, keep)
+  if not segs then return {'resync'} end
+
+  -- Writes.
+  local count = LAST - first_new + 1
+  if count > 0 then
+    local base = list_length
+    for i = first_new, LAST, 1000 do
+      redis.call('RPUSH', msgs, unpack(ARGV, i, math.min(i + 999, LAST)))
+    end
+    local last = segs[#segs]
+    if last and last[1] + last[2] == base then last[2] = last[2] + count else segs[#segs + 1] = {base, count} end
+  end
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local record = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s},', new_version, wid, now_ms,
+    encode_segments(segs)) .. string.sub(body, 2)
+  redis.call('SET', cp, record)
+  if history_limit > 0 then
+    redis.call('LPUSH', hist, record)
+    redis.call('LTRIM', hist, 0, history_limit - 1)
+  end
+  if deadline_ms > 0 then
+    redis.call('ZADD', inflight, now_ms + deadline_ms, session)
+  elseif deadline_ms == 0 then
+    redis.call('ZREM', inflight, session)
+  end
+  if ttl_ms > 0 then
+    redis.call('PEXPIRE', cp, ttl_ms)
+    redis.call('PEXPIRE', msgs, ttl_ms)
+    redis.call('PEXPIRE', hist, ttl_ms)
+  end
+  return {'ok', now_ms}
+end
