@@ -219,12 +219,20 @@ class Run:
             self._latest = checkpoint
 
     async def _model_turn(self, checkpoint: Checkpoint) -> Checkpoint:
+        return await self.record_answer(await self.answer(checkpoint))
+
+    async def answer(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Ask the model for the next turn: the checkpoint with its answer, not saved yet."""
         on_delta = self._emit_delta if self.on_event is not None else None
         answered, response = await take_model_turn(
             checkpoint, self.agent, self.provider, self.signal, on_delta=on_delta, on_retry=self._emit_retry
         )
         if response.message.content:
             await self.emit(TextEvent(text=response.message.content))
+        return answered
+
+    async def record_answer(self, answered: Checkpoint) -> Checkpoint:
+        """Save the model's answer (`answer`), then tell which calls it asked for."""
         saved = await self.save(answered)
         for call in saved.messages[-1].tool_calls:
             await self.emit(ToolCallEvent(call=call))

@@ -20,6 +20,8 @@ log = logging.getLogger("lousho.worker")
 
 
 def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> None:
+    if not lease.held:  # released already (a save that ended the step): the work is over
+        return
     try:
         if not lease.extend():
             log.warning("lost the lease %s; a save by this worker will be refused", lease.key)

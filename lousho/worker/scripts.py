@@ -19,12 +19,18 @@ import redis
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.stores.redis import RedisStore
+from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.segments import Known
 from lousho.worker.keys import FleetKeys
 from lousho.worker.leases import Lease
 
-__all__ = ["Begun", "CallBegun", "FleetScripts", "turn_results"]
+__all__ = ["Begun", "CallBegun", "FleetScripts", "marks", "turn_results"]
+
+
+def marks(reply: list[Any]) -> list[tuple[bool, bool]]:
+    """end_step.lua's reply, per call: (marked dispatched for the first time, someone holds its lease)."""
+    return [(bool(reply[i]), bool(reply[i + 1])) for i in range(1, len(reply), 2)]
 
 
 def turn_results(raw: dict[str, bytes], turn: int) -> dict[str, Any]:
@@ -70,6 +76,7 @@ class FleetScripts:
         self._call_begin = load_script(self.client, "lousho.worker:call_begin")
         self._commit = load_script(self.client, "lousho.worker:call_commit")
         self._end = load_script(self.client, "lousho.worker:step_end")
+        self._save_end = load_script(self.client, "lousho.worker:save_end")
 
     def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
         """Take the session's lease and read the step's state; None when someone else holds it."""
@@ -139,18 +146,31 @@ class FleetScripts:
     ) -> list[tuple[bool, bool]]:
         """Mark `fields` dispatched, drop a completed turn's state, release the lease.
         Per field: (marked for the first time here, someone holds the call's lease)."""
-        call_ids = [field.split(":", 1)[1] for field in fields]
+        own_keys, own_args = self._end_parts(session_id, turn_complete, fields)
+        keys = [lease.key, *own_keys]
+        with redis_errors(self.client, f"release the lease of session {session_id!r}"):
+            reply = self._end(keys=keys, args=[lease.token, *own_args])
+        lease.held = False
+        return marks(reply)
+
+    def save_and_end(self, session_id: str, *, turn_complete: bool, fields: Sequence[str] = ()) -> AndThen:
+        """`end_step` in the round trip of the step's last save (`RedisCheckpointStore.save(and_then=...)`);
+        its reply goes through `marks`."""
+        keys, args = self._end_parts(session_id, turn_complete, fields)
+        return AndThen(script=self._save_end, keys=keys, args=args)
+
+    def _end_parts(
+        self, session_id: str, turn_complete: bool, fields: Sequence[str]
+    ) -> tuple[list[str], list[str | int]]:
+        """end_step.lua's keys after the lease (dispatched, results, attempts, a call lease per field),
+        and its args after the token (clear, the fields)."""
         keys = [
-            lease.key,
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
-            *(self.keys.call_lease(session_id, call_id) for call_id in call_ids),
+            *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field in fields),
         ]
-        with redis_errors(self.client, f"release the lease of session {session_id!r}"):
-            reply = self._end(keys=keys, args=[lease.token, "1" if turn_complete else "0", *fields])
-        lease.held = False
-        return [(bool(reply[i]), bool(reply[i + 1])) for i in range(1, len(reply), 2)]
+        return keys, ["1" if turn_complete else "0", *fields]
 
     # -- replies ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -42,6 +43,7 @@ from lousho.errors import PropagatingToolError
 from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
+from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.dispatch import send_model_turn, send_tool_call
@@ -49,7 +51,7 @@ from lousho.worker.heartbeat import heartbeat
 from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
-from lousho.worker.scripts import Begun, turn_results
+from lousho.worker.scripts import Begun, marks, turn_results
 
 __all__ = ["FencedCheckpoints", "SessionSteps", "tool_turn", "turn_number"]
 
@@ -88,9 +90,16 @@ class FencedCheckpoints:
 
     inner: Any
     lease: Lease
+    and_then: AndThen | None = None
+    """Set for the step's last save: the step's end runs in that save's round trip (issue #9)."""
+    ended: list[Any] | None = None
+    """What the end in a save replied (`scripts.marks`); None while no save ended the step."""
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        self.inner.save(session_id, checkpoint, fence=(self.lease.key, self.lease.token))
+        and_then, self.and_then = self.and_then, None
+        reply = self.inner.save(session_id, checkpoint, fence=(self.lease.key, self.lease.token), and_then=and_then)
+        if and_then is not None:
+            self.ended, self.lease.held = reply, False
 
     def load(self, session_id: str) -> Checkpoint | None:
         loaded: Checkpoint | None = self.inner.load(session_id)
@@ -117,6 +126,7 @@ class SessionSteps:
         self._calls_to_send: list[tuple[int, ToolCall]] = []
         self._redispatch = False
         self._turn_complete = False
+        self._fenced: FencedCheckpoints | None = None
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -125,11 +135,12 @@ class SessionSteps:
 
     async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
         agent, provider = self.runtime.agent(checkpoint.agent_name)
+        self._fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),
             provider=provider,
             session_id=self.session_id,
-            checkpoint_store=FencedCheckpoints(self.runtime.store.checkpoints, lease),
+            checkpoint_store=self._fenced,
             approval_store=self.runtime.store.approvals,
             max_steps=agent.max_steps,
             signal=self.signal,
@@ -159,14 +170,45 @@ class SessionSteps:
         self.client.hset(self.keys.parked, self.session_id, reason)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
 
+    # -- ending a step ---------------------------------------------------------------------
+
+    @property
+    def step_ended(self) -> bool:
+        """A save ended the step already (`end_with_save`): nothing may be written after it."""
+        return self._fenced is not None and self._fenced.ended is not None
+
+    def end_with_save(
+        self, *, turn_complete: bool = False, calls: Sequence[tuple[int, ToolCall]] = (), next_turn: int | None = None
+    ) -> None:
+        """Make the step's next save its last: `end_step` runs in that save's round trip (one round
+        trip less per hop, issue #9). Only for a save after which the step writes nothing else."""
+        assert self._fenced is not None
+        self._turn_complete, self._model_turn_to_send = turn_complete, next_turn
+        self._calls_to_send += calls
+        fields = [result_field(turn, call.id) for turn, call in self._calls_to_send]
+        self._fenced.and_then = self.scripts.save_and_end(self.session_id, turn_complete=turn_complete, fields=fields)
+
+    def forget_sends(self) -> None:
+        """The step failed: nothing it meant to send goes out, no turn state is dropped. (Once a save
+        ended the step, its outcome is stored and marked: what it meant to send still goes out.)"""
+        if self.step_ended:
+            return
+        self._calls_to_send, self._model_turn_to_send, self._turn_complete = [], None, False
+        if self._fenced is not None:
+            self._fenced.and_then = None
+
     def end(self, lease: Lease) -> None:
         """The step's last round trip (mark the calls about to be sent, drop a completed turn's
-        state, release the lease), then send. Sent while the lease is held, the next model turn
-        would be taken by an idle worker at once, which would find the lease busy and drop it."""
+        state, release the lease) unless its last save did all that, then send. Sent while the
+        lease is held, the next model turn would be taken by an idle worker at once, which would
+        find the lease busy and drop it."""
         calls, self._calls_to_send = self._calls_to_send, []
-        fields = [result_field(turn, call.id) for turn, call in calls]
-        marks = self.scripts.end_step(self.session_id, lease, turn_complete=self._turn_complete, fields=fields)
-        for (turn, call), (first, running) in zip(calls, marks, strict=True):
+        if self._fenced is not None and self._fenced.ended is not None:
+            sent = marks(self._fenced.ended)
+        else:
+            fields = [result_field(turn, call.id) for turn, call in calls]
+            sent = self.scripts.end_step(self.session_id, lease, turn_complete=self._turn_complete, fields=fields)
+        for (turn, call), (first, running) in zip(calls, sent, strict=True):
             if first or (self._redispatch and not running):  # a redispatch re-sends calls nobody runs
                 send_tool_call(self.runtime.app, self.session_id, call.id, call.name, turn)
         next_turn, self._model_turn_to_send = self._model_turn_to_send, None
@@ -187,6 +229,9 @@ class SessionSteps:
         try:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
                 return await self._advance_locked(lease, begun, expected_turn)
+        except BaseException:
+            self.forget_sends()
+            raise
         finally:
             self.end(lease)
 
@@ -236,7 +281,9 @@ class SessionSteps:
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
                     return "parked"
-                checkpoint = await run._model_turn(checkpoint)
+                checkpoint = await self.model_turn(run, checkpoint)
+                if self.step_ended:
+                    return "finished" if checkpoint.status == "finished" else "tools-dispatched"
                 expected_turn = None
             elif isinstance(step, RunTools):
                 return await self.dispatch(run, checkpoint, begun.results)
@@ -248,6 +295,29 @@ class SessionSteps:
                 self._turn_complete = True
                 return "finished"
             run._latest = checkpoint
+
+    async def model_turn(self, run: Run, checkpoint: Checkpoint) -> Checkpoint:
+        """Ask the model, then save its answer. When nothing else is written after that save (the run
+        finishes, or every call it asked for is simply sent), the save ends the step too."""
+        answered = await run.answer(checkpoint)
+        if answered.status == "finished":
+            self.end_with_save(turn_complete=True)
+        else:
+            window = await self.simple_window(run, answered)
+            if window is not None:
+                self.end_with_save(calls=[(tool_turn(answered), call) for call in window])
+        return await run.record_answer(answered)
+
+    async def simple_window(self, run: Run, checkpoint: Checkpoint) -> list[ToolCall] | None:
+        """The calls to send for a turn none of whose results are in, up to `tool_concurrency`;
+        None when one needs approval or has its result already (`dispatch` handles those)."""
+        window: list[ToolCall] = []
+        for call in checkpoint.pending_tool_calls()[: run.agent.definition.tool_concurrency]:
+            plan = await plan_tool_call(call, run.agent, run._ctx(call))
+            if plan.preset or plan.needs_approval:
+                return None
+            window.append(call)
+        return window
 
     async def fold_after_call(self, lease: Lease, begun: Begun) -> str:
         """A tool call's task, holding the session's lease (`commit_call`): fold what is committed and
@@ -265,6 +335,9 @@ class SessionSteps:
             if begun.aborted and checkpoint.status == "in-progress":
                 return await self.abort(run, checkpoint)
             return await self.dispatch(run, checkpoint, begun.results)
+        except BaseException:
+            self.forget_sends()
+            raise
         finally:
             self.end(lease)
 
@@ -276,7 +349,9 @@ class SessionSteps:
         for _ in range(len(checkpoint.messages) + 2):
             results = self.results(checkpoint) if known is None else turn_results(known, tool_turn(checkpoint))
             known = None
-            checkpoint = await self.fold(run, checkpoint, results)
+            checkpoint = await self.fold(run, checkpoint, results, may_end=True)
+            if self.step_ended:
+                return "turn-enqueued"
             if checkpoint.status == "awaiting-approval":
                 return "awaiting-approval"
             pending = checkpoint.pending_tool_calls()
@@ -308,8 +383,11 @@ class SessionSteps:
         self._calls_to_send += [(tool_turn(checkpoint), call) for call in calls]
         self._redispatch = self._redispatch or redispatch
 
-    async def fold(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None) -> Checkpoint:
-        """Record committed results in call order (one save each); settle a decided approval."""
+    async def fold(
+        self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None, may_end: bool = False
+    ) -> Checkpoint:
+        """Record committed results in call order (one save each); settle a decided approval.
+        `may_end`: the save of a turn's last result ends the step (the next model turn follows)."""
         results = self.results(checkpoint) if results is None else results
         if checkpoint.status == "awaiting-approval":
             checkpoint = await self._fold_approval(run, checkpoint, results)
@@ -318,7 +396,10 @@ class SessionSteps:
         for call in checkpoint.pending_tool_calls():
             if call.id not in results:
                 break
-            checkpoint = await run.save(record_tool_result(checkpoint, call, results[call.id]))
+            folded = record_tool_result(checkpoint, call, results[call.id])
+            if may_end and not folded.pending_tool_calls() and folded.status == "in-progress":
+                self.end_with_save(turn_complete=True, next_turn=turn_number(folded))
+            checkpoint = await run.save(folded)
             run._latest = checkpoint
         return checkpoint
 
