@@ -44,7 +44,7 @@ from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, tex
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.segments import Known, SessionCache
 
-__all__ = ["AndThen", "LeaseLostError", "RedisCheckpointStore"]
+__all__ = ["AndThen", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
 
 
 def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
@@ -66,11 +66,21 @@ class AndThen:
     Its source calls `save_checkpoint()` first (`-- needs: save_checkpoint`), then does its own part
     only when the save answered 'ok' or 'done', and replies `{save reply}` or `{save reply, its own}`.
     It gets the save's KEYS (with the fence key at 5) and ARGV, then `keys` and `args`; the save's
-    ARGV[11] says how many messages follow, so its own ARGV start at 12 + that count."""
+    ARGV[11] says how many messages follow, so its own ARGV start at 12 + that count. It may also
+    decide not to save, before writing anything of the save's: it replies `{{'skipped', why}}` and
+    `save` raises `SaveSkipped`."""
 
     script: Script
     keys: list[str]
     args: list[str | int]
+
+
+class SaveSkipped(Exception):
+    """A `save(and_then=...)` whose script chose not to save (`why` says what it found)."""
+
+    def __init__(self, session_id: str, why: str) -> None:
+        super().__init__(f"the save of session {session_id!r} was skipped: {why}")
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -184,6 +194,8 @@ class RedisCheckpointStore:
         if outcome in ("ok", "done"):
             self._cache.put(session_id, Known(checkpoint.version, writer_id, tuple(checkpoint.messages)))
             return
+        if outcome == "skipped":  # the and_then script chose not to save: nothing was written
+            raise SaveSkipped(session_id, str(reply[1]) if len(reply) > 1 else "")
         self._cache.drop(session_id)
         if outcome == "fenced" and fence is not None:
             raise LeaseLostError(session_id, fence[0], checkpoint.version - 1)

@@ -77,6 +77,7 @@ class FleetScripts:
         self._commit = load_script(self.client, "lousho.worker:call_commit")
         self._end = load_script(self.client, "lousho.worker:step_end")
         self._save_end = load_script(self.client, "lousho.worker:save_end")
+        self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
 
     def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
         """Take the session's lease and read the step's state; None when someone else holds it."""
@@ -120,11 +121,13 @@ class FleetScripts:
             self._uncount(session_id, f"call:{field}")
             lease.release()
 
-    def commit_call(self, session_id: str, field: str, result: Any, call_lease: Lease, lease: Lease) -> Begun | None:
+    def commit_call(
+        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease
+    ) -> Begun | None:
         """Commit the call's result (first writer wins), release its lease, then `begin_step`."""
         keys, args, known = self._begin_parts(session_id, lease, "")
         commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:]]  # call_commit.lua's KEYS order
-        commit_args = [field, json.dumps(result, default=str), call_lease.token, *args]
+        commit_args = [field, result_json, call_lease.token, *args]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply = self._commit(keys=commit_keys, args=commit_args)
@@ -158,6 +161,18 @@ class FleetScripts:
         its reply goes through `marks`."""
         keys, args = self._end_parts(session_id, turn_complete, fields)
         return AndThen(script=self._save_end, keys=keys, args=args)
+
+    def commit_fold(self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease) -> AndThen:
+        """commit_fold.lua after a save fenced on `lease` (not taken yet: the script takes it)."""
+        keys = [
+            self.keys.dispatched(session_id),
+            self.keys.results(session_id),
+            self.keys.attempts(session_id),
+            call_lease.key,
+            self.keys.parked,
+            self.keys.abort(session_id),
+        ]
+        return AndThen(script=self._commit_fold, keys=keys, args=[field, result_json, call_lease.token, lease.ttl_ms])
 
     def _end_parts(
         self, session_id: str, turn_complete: bool, fields: Sequence[str]

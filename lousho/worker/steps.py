@@ -39,11 +39,11 @@ from lousho.engine import (
     plan_tool_call,
     record_tool_result,
 )
-from lousho.errors import PropagatingToolError
+from lousho.errors import CheckpointConflictError, PropagatingToolError
 from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
-from lousho.stores.redis_checkpoints import AndThen
+from lousho.stores.redis_checkpoints import AndThen, SaveSkipped
 from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.dispatch import send_model_turn, send_tool_call
@@ -318,6 +318,30 @@ class SessionSteps:
                 return None
             window.append(call)
         return window
+
+    async def fold_last_result(
+        self, checkpoint: Checkpoint, call: ToolCall, field: str, result_json: str, call_lease: Lease
+    ) -> str | None:
+        """`call` is the only call its turn waits for, and it has run: commit its result, take the
+        session's lease, save the fold and end the step, in one round trip (commit_fold.lua). None
+        when the script found something that needs a look: the result is committed, and the usual
+        fold (`fold_when_free`) follows."""
+        lease = self.session_lease()
+        run = await self.make_run(checkpoint, lease)
+        folded = record_tool_result(checkpoint, call, json.loads(result_json))
+        assert self._fenced is not None
+        self._turn_complete, self._model_turn_to_send = True, turn_number(folded)
+        self._fenced.and_then = self.scripts.commit_fold(self.session_id, field, result_json, call_lease, lease)
+        try:
+            await run.save(folded)
+        except (SaveSkipped, CheckpointConflictError):
+            self._turn_complete, self._model_turn_to_send = False, None
+            return None
+        finally:
+            call_lease.held = False
+            if self.step_ended:
+                self.end(lease)
+        return "turn-enqueued"
 
     async def fold_after_call(self, lease: Lease, begun: Begun) -> str:
         """A tool call's task, holding the session's lease (`commit_call`): fold what is committed and

@@ -2,13 +2,16 @@
 then fold it into the checkpoint and send what comes next.
 
 Round trips (issue #9): `begin_call` (the checkpoint, the abort flag, committed already? the
-call's lease, its start counted), the tool, `commit_call` (the result, the call's lease released,
-the session's lease taken and the checkpoint read), the fold's save, and `end`.
+call's lease, its start counted), the tool, then, when the call was the only one its turn waited
+for, `commit_fold` (the result committed, the leases, the fold saved, the step ended: one round
+trip); otherwise `commit_call` (the result, the call's lease released, the session's lease taken and
+the checkpoint read) and the fold's save, which ends the step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -66,7 +69,11 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     except BaseException:
         call_lease.release()
         raise
-    return await fold_when_free(steps, (field, result, call_lease))
+    result_json = json.dumps(result, default=str)
+    if checkpoint.status == "in-progress" and [c.id for c in pending] == [call.id] and not steps.aborted():
+        folded = await steps.fold_last_result(checkpoint, call, field, result_json, call_lease)
+        return folded or await fold_when_free(steps)
+    return await fold_when_free(steps, (field, result_json, call_lease))
 
 
 async def _run_started(steps: SessionSteps, run: Run, plan: PlannedCall, call_lease: Lease, started: int) -> Any:
@@ -101,9 +108,9 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
         return CANCELLED_RESULT
 
 
-async def fold_when_free(steps: SessionSteps, commit: tuple[str, Any, Lease] | None = None) -> str:
-    """Commit the call's result (`commit`: its field, result and lease), then fold under the session's
-    lease; if the lease stays busy, leave the fold to an `advance` task."""
+async def fold_when_free(steps: SessionSteps, commit: tuple[str, str, Lease] | None = None) -> str:
+    """Commit the call's result (`commit`: its field, result JSON and lease), then fold under the
+    session's lease; if the lease stays busy, leave the fold to an `advance` task."""
     deadline = time.monotonic() + steps.runtime.settings.lock_wait_s
     lease = steps.session_lease()
     if commit is not None:

@@ -1,0 +1,31 @@
+-- A tool call's result when its turn waits for nothing else: commit it, release the call's lease,
+-- take the session's lease, save the checkpoint with the result recorded and end the step, in one
+-- round trip (issue #9). The fold was made from the checkpoint read before the call ran: if the
+-- session moved since (another result, new input), the save's version check refuses it and the
+-- worker folds the usual way. So does anything else that needs a look: a lease held by someone
+-- else, another result committed first, the session parked or aborted.
+--
+-- needs: save_checkpoint, lousho.worker:end_step
+-- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
+--       9 the call's lease, 10 parked, 11 abort
+-- ARGV: save_checkpoint's (9: the session id; 10: the token to take the session's lease with; 11
+--       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms
+-- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
+--        {save reply, end_step's reply}
+local own = 12 + tonumber(ARGV[11])
+local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
+redis.call('HSETNX', KEYS[7], field, result)
+if redis.call('GET', KEYS[9]) == call_token then redis.call('DEL', KEYS[9]) end
+if redis.call('HGET', KEYS[7], field) ~= result then return {{'skipped', 'another result was committed first'}} end
+if not redis.call('SET', KEYS[5], ARGV[10], 'NX', 'PX', ttl_ms) then return {{'skipped', 'the lease is busy'}} end
+if redis.call('HEXISTS', KEYS[10], ARGV[9]) == 1 or redis.call('EXISTS', KEYS[11]) == 1 then
+  redis.call('DEL', KEYS[5])
+  return {{'skipped', 'the session is parked or aborted'}}
+end
+local saved = save_checkpoint()
+if saved[1] ~= 'ok' and saved[1] ~= 'done' then
+  redis.call('DEL', KEYS[5])
+  return {saved}
+end
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8]}
+return {saved, end_step(k, ARGV[10], '1', {}, {})}
