@@ -82,3 +82,26 @@ def test_two_workers_without_a_reaper_hand_each_step_on_without_stalling(fleet: 
     for session in sessions:
         fleet.client.enqueue("jobs", "go", session_id=session)
     fleet.wait_for(sessions, timeout_s=20)  # no reaper runs here: nothing would rescue a dropped turn
+
+
+def test_input_that_arrives_while_the_last_call_runs_is_placed_after_its_result(fleet: Fleet) -> None:
+    # The call's task folds its result with the checkpoint it read before the call ran; new input
+    # moved the session on meanwhile, so that save is refused and the result is folded the usual way.
+    fleet.start_worker()
+    fleet.script("late", [tool_turn(("late-1", "work", {"n": 3, "sleep_s": 1.0})), Message.assistant("done")])
+    fleet.client.enqueue("jobs", "go", session_id="late")
+    fleet.pid_running("late-1")
+
+    fleet.client.enqueue("jobs", "and one more thing", session_id="late")
+    fleet.wait_for(["late"], timeout_s=30)
+
+    checkpoint = fleet.client.checkpoint("late")
+    assert checkpoint is not None
+    assert_valid_transcript(checkpoint.messages)
+    assert [(m.role, m.content) for m in checkpoint.messages[-3:]] == [
+        ("tool", checkpoint.messages[-3].content),
+        ("user", "and one more thing"),
+        ("assistant", "done"),
+    ]
+    assert checkpoint.messages[-3].result() == {"n": 3, "square": 9}
+    assert fleet.counts("runs") == {"late-1": 1}
