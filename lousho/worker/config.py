@@ -44,6 +44,11 @@ class FleetSettings:
     """How long a finished tool call waits for the session's lease to fold its result in."""
     queue: str = "lousho"
     """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`)."""
+    outbox: bool = True
+    """A worker pushes a step's next task from the script that ends the step: atomic with its save
+    and lease release, and about half the cost of a hop through `app.send_task` (used only when the
+    broker is the store's Redis). False sends every step through Celery's publish: its `task-sent`
+    events and `after_task_publish` signal for each step, at about twice the per-step latency."""
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -1,49 +1,91 @@
-"""Sending lousho's tasks: the one place that names them, their ids and what Flower shows.
+"""lousho's tasks: the one place that names them, their ids and what Flower shows.
 
 Used by workers (to enqueue the next step), the reaper and the web-app `Client`, so none
 of them needs the agents' code. Arguments are ids only: prompts and secrets never enter a
-broker message or Flower.
+broker message or Flower. A worker ending a step usually does not send its next task with
+`send`: the script that ends the step pushes it (`outbox.py`); `send` is the way when it can't.
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 
-__all__ = ["send_advance", "send_model_turn", "send_tool_call"]
+__all__ = [
+    "StepTask",
+    "advance_task",
+    "model_turn_task",
+    "send",
+    "send_advance",
+    "send_model_turn",
+    "send_tool_call",
+    "tool_call_task",
+]
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """One task message of lousho's, before it is sent."""
+
+    name: str
+    args: list[Any]
+    task_id: str
+    argsrepr: str
+    """What Flower shows for the arguments."""
+    shadow: str | None = None
+    """The name Flower shows instead of `name`."""
+
+
+def model_turn_task(session_id: str, turn: int) -> StepTask:
+    """Model turn `turn` (counted over the whole transcript) of `session_id`."""
+    return StepTask(
+        TASK_MODEL_TURN, [session_id, turn], f"{session_id}/turn/{turn}", f"session={session_id} turn={turn}"
+    )
+
+
+def tool_call_task(session_id: str, tool_call_id: str, tool_name: str, turn: int) -> StepTask:
+    """One tool call of model turn `turn`; Flower shows it as `tool:<name>`."""
+    return StepTask(
+        TASK_TOOL_CALL,
+        [session_id, tool_call_id, tool_name, turn],
+        f"{session_id}/turn/{turn}/tool/{tool_call_id}",
+        f"session={session_id} turn={turn} call={tool_call_id} tool={tool_name}",
+        shadow=f"tool:{tool_name}",
+    )
+
+
+def advance_task(session_id: str, reason: str) -> StepTask:
+    """Look at the session's checkpoint and do what is next (after an approval, an abort, a requeue)."""
+    return StepTask(
+        TASK_ADVANCE,
+        [session_id, reason],
+        f"{session_id}/advance/{uuid.uuid4().hex[:12]}",
+        f"session={session_id} reason={reason}",
+    )
+
+
+def send(app: Any, task: StepTask) -> None:
+    """Send `task` to the app's queue through Celery."""
+    app.send_task(
+        task.name,
+        args=task.args,
+        task_id=task.task_id,
+        queue=app.conf.task_default_queue,
+        shadow=task.shadow,
+        argsrepr=task.argsrepr,
+    )
 
 
 def send_model_turn(app: Any, session_id: str, turn: int) -> None:
-    """Ask the fleet for model turn `turn` (counted over the whole transcript) of `session_id`."""
-    app.send_task(
-        TASK_MODEL_TURN,
-        args=[session_id, turn],
-        task_id=f"{session_id}/turn/{turn}",
-        queue=app.conf.task_default_queue,
-        argsrepr=f"session={session_id} turn={turn}",
-    )
+    send(app, model_turn_task(session_id, turn))
 
 
 def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str, turn: int) -> None:
-    """Run one tool call of model turn `turn`; Flower shows it as `tool:<name>`."""
-    app.send_task(
-        TASK_TOOL_CALL,
-        args=[session_id, tool_call_id, tool_name, turn],
-        task_id=f"{session_id}/turn/{turn}/tool/{tool_call_id}",
-        queue=app.conf.task_default_queue,
-        shadow=f"tool:{tool_name}",
-        argsrepr=f"session={session_id} turn={turn} call={tool_call_id} tool={tool_name}",
-    )
+    send(app, tool_call_task(session_id, tool_call_id, tool_name, turn))
 
 
 def send_advance(app: Any, session_id: str, reason: str) -> None:
-    """Look at the session's checkpoint and do what is next (after an approval, an abort, a requeue)."""
-    app.send_task(
-        TASK_ADVANCE,
-        args=[session_id, reason],
-        task_id=f"{session_id}/advance/{uuid.uuid4().hex[:12]}",
-        queue=app.conf.task_default_queue,
-        argsrepr=f"session={session_id} reason={reason}",
-    )
+    send(app, advance_task(session_id, reason))

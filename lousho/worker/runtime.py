@@ -19,6 +19,7 @@ from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.config import FleetSettings
 from lousho.worker.keys import FleetKeys
+from lousho.worker.outbox import Outbox
 from lousho.worker.scripts import FleetScripts
 
 __all__ = ["FleetKeys", "FleetRuntime", "UnknownAgentError"]
@@ -82,6 +83,10 @@ class FleetRuntime:
     @functools.cached_property
     def scripts(self) -> FleetScripts:
         return FleetScripts(self.store)
+
+    @functools.cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self.app, self.store, self.settings)
 
     def agent(self, name: str | None) -> tuple[Agent, LLMProvider]:
         if name is None or name not in self.agents:

@@ -25,12 +25,12 @@ from lousho.stores.segments import Known
 from lousho.worker.keys import FleetKeys
 from lousho.worker.leases import Lease
 
-__all__ = ["Begun", "CallBegun", "FleetScripts", "marks", "turn_results"]
+__all__ = ["Begun", "CallBegun", "Ending", "FleetScripts", "sends", "turn_results"]
 
 
-def marks(reply: list[Any]) -> list[tuple[bool, bool]]:
-    """end_step.lua's reply, per call: (marked dispatched for the first time, someone holds its lease)."""
-    return [(bool(reply[i]), bool(reply[i + 1])) for i in range(1, len(reply), 2)]
+def sends(reply: list[Any]) -> list[bool]:
+    """end_step.lua's reply: per call, whether it is to be sent (pushed already if it had a message)."""
+    return [bool(flag) for flag in reply[1:]]
 
 
 def turn_results(raw: dict[str, bytes], turn: int) -> dict[str, Any]:
@@ -50,6 +50,20 @@ class Begun:
     results: dict[str, bytes]
     """The committed results hash, field -> JSON (`turn_results` picks one turn's)."""
     checkpoint: Checkpoint | None
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A step's end as end_step.lua takes it: the turn's state to drop, the calls to mark and send,
+    the next model turn's message. A message is '' when the worker sends that task itself."""
+
+    queue_key: str
+    """The broker's queue list the messages go to (`Outbox.encode`)."""
+    turn_complete: bool = False
+    redispatch: bool = False
+    calls: Sequence[tuple[str, str]] = ()
+    """Per call: its field (`result_field`) and its message."""
+    next_message: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,50 +158,55 @@ class FleetScripts:
             raw = self.client.hgetall(self.keys.results(session_id))
         return {text(field): value for field, value in raw.items()}  # type: ignore[union-attr]
 
-    def end_step(
-        self, session_id: str, lease: Lease, *, turn_complete: bool, fields: Sequence[str] = ()
-    ) -> list[tuple[bool, bool]]:
-        """Mark `fields` dispatched, drop a completed turn's state, release the lease.
-        Per field: (marked for the first time here, someone holds the call's lease)."""
-        own_keys, own_args = self._end_parts(session_id, turn_complete, fields)
-        keys = [lease.key, *own_keys]
+    def end_step(self, session_id: str, lease: Lease, ending: Ending) -> list[bool]:
+        """Mark the calls, drop a completed turn's state, release the lease, push the messages
+        (step_end.lua); per call, whether it is to be sent."""
+        keys, args = self._end_parts(session_id, ending)
         with redis_errors(self.client, f"release the lease of session {session_id!r}"):
-            reply = self._end(keys=keys, args=[lease.token, *own_args])
+            reply = self._end(keys=[lease.key, *keys], args=[lease.token, *args])
         lease.held = False
-        return marks(reply)
+        return sends(reply)
 
-    def save_and_end(self, session_id: str, *, turn_complete: bool, fields: Sequence[str] = ()) -> AndThen:
+    def save_and_end(self, session_id: str, ending: Ending) -> AndThen:
         """`end_step` in the round trip of the step's last save (`RedisCheckpointStore.save(and_then=...)`);
-        its reply goes through `marks`."""
-        keys, args = self._end_parts(session_id, turn_complete, fields)
+        its reply goes through `sends`."""
+        keys, args = self._end_parts(session_id, ending)
         return AndThen(script=self._save_end, keys=keys, args=args)
 
-    def commit_fold(self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease) -> AndThen:
+    def commit_fold(
+        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, ending: Ending
+    ) -> AndThen:
         """commit_fold.lua after a save fenced on `lease` (not taken yet: the script takes it)."""
         keys = [
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
+            ending.queue_key,
             call_lease.key,
             self.keys.parked,
             self.keys.abort(session_id),
         ]
-        return AndThen(script=self._commit_fold, keys=keys, args=[field, result_json, call_lease.token, lease.ttl_ms])
+        args: list[str | int] = [field, result_json, call_lease.token, lease.ttl_ms, ending.next_message]
+        return AndThen(script=self._commit_fold, keys=keys, args=args)
 
-    def _end_parts(
-        self, session_id: str, turn_complete: bool, fields: Sequence[str]
-    ) -> tuple[list[str], list[str | int]]:
-        """end_step.lua's keys after the lease (dispatched, results, attempts, a call lease per field),
-        and its args after the token (clear, the fields)."""
+    def _end_parts(self, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
+        """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, a call lease
+        per call) and its args after the token (clear, redispatch, the next message, per call its
+        field and message)."""
         keys = [
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
-            *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field in fields),
+            ending.queue_key,
+            *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field, _ in ending.calls),
         ]
-        return keys, ["1" if turn_complete else "0", *fields]
-
-    # -- replies ---------------------------------------------------------------------------
+        args: list[str | int] = [
+            "1" if ending.turn_complete else "0",
+            "1" if ending.redispatch else "0",
+            ending.next_message,
+            *(part for call in ending.calls for part in call),
+        ]
+        return keys, args
 
     def _begin_parts(
         self, session_id: str, lease: Lease, attempt_field: str

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from lousho.abort import AbortSignal, RunAborted
@@ -43,15 +41,15 @@ from lousho.errors import CheckpointConflictError, PropagatingToolError
 from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
-from lousho.stores.redis_checkpoints import AndThen, SaveSkipped
+from lousho.stores.redis_checkpoints import SaveSkipped
 from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
-from lousho.worker.dispatch import send_model_turn, send_tool_call
+from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
-from lousho.worker.scripts import Begun, marks, turn_results
+from lousho.worker.scripts import Begun, turn_results
 
 __all__ = ["FencedCheckpoints", "SessionSteps", "tool_turn", "turn_number"]
 
@@ -84,31 +82,6 @@ def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoin
     )
 
 
-@dataclass
-class FencedCheckpoints:
-    """The store's checkpoints, with every save fenced on this worker's session lease."""
-
-    inner: Any
-    lease: Lease
-    and_then: AndThen | None = None
-    """Set for the step's last save: the step's end runs in that save's round trip (issue #9)."""
-    ended: list[Any] | None = None
-    """What the end in a save replied (`scripts.marks`); None while no save ended the step."""
-
-    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        and_then, self.and_then = self.and_then, None
-        reply = self.inner.save(session_id, checkpoint, fence=(self.lease.key, self.lease.token), and_then=and_then)
-        if and_then is not None:
-            self.ended, self.lease.held = reply, False
-
-    def load(self, session_id: str) -> Checkpoint | None:
-        loaded: Checkpoint | None = self.inner.load(session_id)
-        return loaded
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.inner.delete(session_id, keep_history=keep_history)
-
-
 class SessionSteps:
     """Advancing one session on the fleet."""
 
@@ -121,12 +94,8 @@ class SessionSteps:
         self.signal = AbortSignal()
         self.abort_flag = False
         """The session's abort flag as the step read it when it took its lease."""
-        # What `end()` does once the step is over:
-        self._model_turn_to_send: int | None = None
-        self._calls_to_send: list[tuple[int, ToolCall]] = []
-        self._redispatch = False
-        self._turn_complete = False
-        self._fenced: FencedCheckpoints | None = None
+        self.step_end = StepEnd(runtime, session_id)
+        """What the step's end must do (`ending.py`)."""
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -135,12 +104,12 @@ class SessionSteps:
 
     async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
         agent, provider = self.runtime.agent(checkpoint.agent_name)
-        self._fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
+        fenced = self.step_end.fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),
             provider=provider,
             session_id=self.session_id,
-            checkpoint_store=self._fenced,
+            checkpoint_store=fenced,
             approval_store=self.runtime.store.approvals,
             max_steps=agent.max_steps,
             signal=self.signal,
@@ -170,51 +139,6 @@ class SessionSteps:
         self.client.hset(self.keys.parked, self.session_id, reason)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
 
-    # -- ending a step ---------------------------------------------------------------------
-
-    @property
-    def step_ended(self) -> bool:
-        """A save ended the step already (`end_with_save`): nothing may be written after it."""
-        return self._fenced is not None and self._fenced.ended is not None
-
-    def end_with_save(
-        self, *, turn_complete: bool = False, calls: Sequence[tuple[int, ToolCall]] = (), next_turn: int | None = None
-    ) -> None:
-        """Make the step's next save its last: `end_step` runs in that save's round trip (one round
-        trip less per hop, issue #9). Only for a save after which the step writes nothing else."""
-        assert self._fenced is not None
-        self._turn_complete, self._model_turn_to_send = turn_complete, next_turn
-        self._calls_to_send += calls
-        fields = [result_field(turn, call.id) for turn, call in self._calls_to_send]
-        self._fenced.and_then = self.scripts.save_and_end(self.session_id, turn_complete=turn_complete, fields=fields)
-
-    def forget_sends(self) -> None:
-        """The step failed: nothing it meant to send goes out, no turn state is dropped. (Once a save
-        ended the step, its outcome is stored and marked: what it meant to send still goes out.)"""
-        if self.step_ended:
-            return
-        self._calls_to_send, self._model_turn_to_send, self._turn_complete = [], None, False
-        if self._fenced is not None:
-            self._fenced.and_then = None
-
-    def end(self, lease: Lease) -> None:
-        """The step's last round trip (mark the calls about to be sent, drop a completed turn's
-        state, release the lease) unless its last save did all that, then send. Sent while the
-        lease is held, the next model turn would be taken by an idle worker at once, which would
-        find the lease busy and drop it."""
-        calls, self._calls_to_send = self._calls_to_send, []
-        if self._fenced is not None and self._fenced.ended is not None:
-            sent = marks(self._fenced.ended)
-        else:
-            fields = [result_field(turn, call.id) for turn, call in calls]
-            sent = self.scripts.end_step(self.session_id, lease, turn_complete=self._turn_complete, fields=fields)
-        for (turn, call), (first, running) in zip(calls, sent, strict=True):
-            if first or (self._redispatch and not running):  # a redispatch re-sends calls nobody runs
-                send_tool_call(self.runtime.app, self.session_id, call.id, call.name, turn)
-        next_turn, self._model_turn_to_send = self._model_turn_to_send, None
-        if next_turn is not None:
-            send_model_turn(self.runtime.app, self.session_id, next_turn)
-
     # -- advance -----------------------------------------------------------------------
 
     async def advance(self, expected_turn: int | None = None, redispatch: bool = False) -> str:
@@ -225,15 +149,15 @@ class SessionSteps:
         begun = self.scripts.begin_step(self.session_id, lease, attempt)
         if begun is None:
             return "busy"
-        self._redispatch = redispatch
+        self.step_end.redispatch = redispatch
         try:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
                 return await self._advance_locked(lease, begun, expected_turn)
         except BaseException:
-            self.forget_sends()
+            self.step_end.forget()
             raise
         finally:
-            self.end(lease)
+            self.step_end.finish(lease)
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
         if begun.checkpoint is None:
@@ -282,7 +206,7 @@ class SessionSteps:
                     )
                     return "parked"
                 checkpoint = await self.model_turn(run, checkpoint)
-                if self.step_ended:
+                if self.step_end.done:
                     return "finished" if checkpoint.status == "finished" else "tools-dispatched"
                 expected_turn = None
             elif isinstance(step, RunTools):
@@ -290,9 +214,9 @@ class SessionSteps:
             elif isinstance(step, AwaitApproval):
                 return await self.on_approval(run, checkpoint)
             elif isinstance(step, Finish):
+                self.step_end.complete_turn(None)
                 if not step.already_saved:
                     await run.save(finish(checkpoint, step.reason))
-                self._turn_complete = True
                 return "finished"
             run._latest = checkpoint
 
@@ -301,11 +225,13 @@ class SessionSteps:
         finishes, or every call it asked for is simply sent), the save ends the step too."""
         answered = await run.answer(checkpoint)
         if answered.status == "finished":
-            self.end_with_save(turn_complete=True)
+            self.step_end.complete_turn(None)
+            self.step_end.in_next_save()
         else:
             window = await self.simple_window(run, answered)
             if window is not None:
-                self.end_with_save(calls=[(tool_turn(answered), call) for call in window])
+                self.step_end.send_calls(tool_turn(answered), window)
+                self.step_end.in_next_save()
         return await run.record_answer(answered)
 
     async def simple_window(self, run: Run, checkpoint: Checkpoint) -> list[ToolCall] | None:
@@ -329,18 +255,21 @@ class SessionSteps:
         lease = self.session_lease()
         run = await self.make_run(checkpoint, lease)
         folded = record_tool_result(checkpoint, call, json.loads(result_json))
-        assert self._fenced is not None
-        self._turn_complete, self._model_turn_to_send = True, turn_number(folded)
-        self._fenced.and_then = self.scripts.commit_fold(self.session_id, field, result_json, call_lease, lease)
+        self.step_end.complete_turn(turn_number(folded))
+        ending = self.step_end.prepare()
+        assert self.step_end.fenced is not None
+        self.step_end.fenced.and_then = self.scripts.commit_fold(
+            self.session_id, field, result_json, call_lease, lease, ending
+        )
         try:
             await run.save(folded)
         except (SaveSkipped, CheckpointConflictError):
-            self._turn_complete, self._model_turn_to_send = False, None
+            self.step_end.forget()
             return None
         finally:
             call_lease.held = False
-            if self.step_ended:
-                self.end(lease)
+            if self.step_end.done:
+                self.step_end.finish(lease)
         return "turn-enqueued"
 
     async def fold_after_call(self, lease: Lease, begun: Begun) -> str:
@@ -360,10 +289,10 @@ class SessionSteps:
                 return await self.abort(run, checkpoint)
             return await self.dispatch(run, checkpoint, begun.results)
         except BaseException:
-            self.forget_sends()
+            self.step_end.forget()
             raise
         finally:
-            self.end(lease)
+            self.step_end.finish(lease)
 
     # -- tool calls ----------------------------------------------------------------------
 
@@ -374,14 +303,13 @@ class SessionSteps:
             results = self.results(checkpoint) if known is None else turn_results(known, tool_turn(checkpoint))
             known = None
             checkpoint = await self.fold(run, checkpoint, results, may_end=True)
-            if self.step_ended:
+            if self.step_end.done:
                 return "turn-enqueued"
             if checkpoint.status == "awaiting-approval":
                 return "awaiting-approval"
             pending = checkpoint.pending_tool_calls()
             if not pending:
-                self._turn_complete = True
-                self._model_turn_to_send = turn_number(checkpoint)
+                self.step_end.complete_turn(turn_number(checkpoint))
                 return "turn-enqueued"
             window, settled = [], False
             for call in [c for c in pending if c.id not in results]:
@@ -403,9 +331,8 @@ class SessionSteps:
         return "tools-dispatched"
 
     def send_tools(self, checkpoint: Checkpoint, calls: list[ToolCall], redispatch: bool = False) -> None:
-        """Send each call's task once, when the step ends (`end`)."""
-        self._calls_to_send += [(tool_turn(checkpoint), call) for call in calls]
-        self._redispatch = self._redispatch or redispatch
+        """Send each call's task once, when the step ends."""
+        self.step_end.send_calls(tool_turn(checkpoint), calls, redispatch)
 
     async def fold(
         self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None, may_end: bool = False
@@ -422,7 +349,8 @@ class SessionSteps:
                 break
             folded = record_tool_result(checkpoint, call, results[call.id])
             if may_end and not folded.pending_tool_calls() and folded.status == "in-progress":
-                self.end_with_save(turn_complete=True, next_turn=turn_number(folded))
+                self.step_end.complete_turn(turn_number(folded))
+                self.step_end.in_next_save()
             checkpoint = await run.save(folded)
             run._latest = checkpoint
         return checkpoint
@@ -475,5 +403,6 @@ class SessionSteps:
         if checkpoint.status == "in-progress":
             await run.save(checkpoint)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
-        self._turn_complete = not checkpoint.pending_tool_calls()
+        if not checkpoint.pending_tool_calls():
+            self.step_end.complete_turn(None)
         return "aborted"

@@ -17,7 +17,9 @@ sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CO
 (Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`),
 `LOUSHO_TEST_STORE_OPTIONS=<json>` (RedisStore client options, e.g. `{"socket_timeout": 5}`),
 `LOUSHO_TEST_PROBE_REDIS=<url>` (where the test's own counters and scripts live, when the store's
-Redis is behind a fault proxy: the probes must see the faults' effects without suffering them).
+Redis is behind a fault proxy: the probes must see the faults' effects without suffering them),
+`LOUSHO_TEST_OUTBOX=0` (every step sent through `app.send_task`; each call counted in the hash
+`sends` by task name), `LOUSHO_TEST_FLEET_BROKER=<url>` (a broker other than the store's Redis).
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ SETTINGS = FleetSettings(
     requeue_backoff_s=3.0,
     queue=os.environ["LOUSHO_TEST_FLEET_QUEUE"],
     max_attempts=int(os.environ.get("LOUSHO_TEST_MAX_ATTEMPTS", "3")),
+    # Faults injected into `app.send_task` need every step sent through it: the outbox (a step's
+    # script pushing its next task) is off for those workers, on otherwise.
+    outbox=os.environ.get("LOUSHO_TEST_OUTBOX", "1") == "1"
+    and not (os.environ.get("LOUSHO_TEST_DELIVER_TWICE") or os.environ.get("LOUSHO_TEST_SEND_FAULTS")),
 )
 TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
 SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")
@@ -142,8 +148,19 @@ agent = Agent(
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
-app = create_app(agents=[agent], store=store, broker=broker_url(URL), provider=ScriptFromRedis(), settings=SETTINGS,
+app = create_app(agents=[agent], store=store, broker=os.environ.get("LOUSHO_TEST_FLEET_BROKER") or broker_url(URL),
+                 provider=ScriptFromRedis(), settings=SETTINGS,
                  on_event=on_event, **json.loads(os.environ.get("LOUSHO_TEST_CELERY_CONF") or "{}"))
+
+_send_task = app.send_task
+
+
+def count_sends(*args: Any, **kwargs: Any) -> Any:
+    redis.hincrby(key("sends"), args[0] if args else kwargs.get("name", "?"), 1)
+    return _send_task(*args, **kwargs)
+
+
+app.send_task = count_sends  # type: ignore[method-assign]
 
 if os.environ.get("LOUSHO_TEST_DELIVER_TWICE"):
     # Every task this worker sends is sent twice, with the same task id: duplicate delivery.

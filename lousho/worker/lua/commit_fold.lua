@@ -7,18 +7,20 @@
 --
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
---       9 the call's lease, 10 parked, 11 abort
+--       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort
 -- ARGV: save_checkpoint's (9: the session id; 10: the token to take the session's lease with; 11
---       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms
+--       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms,
+--       the next model turn's message ('' = the worker sends it)
 -- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
 --        {save reply, end_step's reply}
 local own = 12 + tonumber(ARGV[11])
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
+local next_message = ARGV[own + 4]
 redis.call('HSETNX', KEYS[7], field, result)
-if redis.call('GET', KEYS[9]) == call_token then redis.call('DEL', KEYS[9]) end
+if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
 if redis.call('HGET', KEYS[7], field) ~= result then return {{'skipped', 'another result was committed first'}} end
 if not redis.call('SET', KEYS[5], ARGV[10], 'NX', 'PX', ttl_ms) then return {{'skipped', 'the lease is busy'}} end
-if redis.call('HEXISTS', KEYS[10], ARGV[9]) == 1 or redis.call('EXISTS', KEYS[11]) == 1 then
+if redis.call('HEXISTS', KEYS[11], ARGV[9]) == 1 or redis.call('EXISTS', KEYS[12]) == 1 then
   redis.call('DEL', KEYS[5])
   return {{'skipped', 'the session is parked or aborted'}}
 end
@@ -27,5 +29,5 @@ if saved[1] ~= 'ok' and saved[1] ~= 'done' then
   redis.call('DEL', KEYS[5])
   return {saved}
 end
-local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8]}
-return {saved, end_step(k, ARGV[10], '1', {}, {})}
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9]}
+return {saved, end_step(k, ARGV[10], '1', {}, '0', next_message)}

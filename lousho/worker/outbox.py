@@ -1,0 +1,117 @@
+"""The outbox: a step's next task, pushed onto the broker's queue by the script that ends the step.
+
+Saving the checkpoint, releasing the session's lease and enqueueing what comes next happen in
+one Redis script, so no crash can fall between them (a worker that died after its save but
+before its send used to leave the session to the reaper), and a hop costs one round trip instead
+of Celery's publish path, which is most of a bare Celery hop (issue #9: fleet latency).
+
+The message is the one `app.send_task` would publish: Celery builds it (`amqp.as_task_v2`) and
+kombu wraps it for its Redis transport (`prepare_message`, then what `basic_publish` and `_put`
+do: the body encoded, the delivery info and tag, the queue's key); the script only LPUSHes it,
+as kombu would. `before_task_publish` is sent (a tracer may add its context to the headers);
+what is left out: Celery's `task-sent` event (a worker's `task-received` still shows the task in
+Flower) and `after_task_publish` (the push happens later, in the script).
+
+It is used only when the broker is the store's Redis (same server, same database) through
+kombu's Redis transport without a `global_keyprefix`, and `FleetSettings.outbox` is on;
+otherwise `Outbox.direct` is False and the worker sends each task with `dispatch.send` right after
+the step's script.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from celery import signals
+from kombu import serialization
+from kombu.utils import json as kombu_json
+
+from lousho.stores.redis import RedisStore
+from lousho.worker.config import FleetSettings
+from lousho.worker.dispatch import StepTask
+
+__all__ = ["Outbox"]
+
+log = logging.getLogger("lousho.worker")
+
+# kombu is untyped: its serializer (what Producer.publish encodes a body with) and its JSON (what
+# the Redis transport writes a message with), as callables.
+_serialize: Callable[..., tuple[str, str, Any]] = serialization.dumps
+_kombu_dumps: Callable[[Any], str] = kombu_json.dumps
+
+
+class Outbox:
+    """Encodes lousho's task messages for the queue list of a Redis broker (one per worker process)."""
+
+    def __init__(self, app: Any, store: RedisStore, settings: FleetSettings) -> None:
+        self.app = app
+        self.store = store
+        self.settings = settings
+        self._channel: Any = None
+        self._pid = 0
+        self._direct: bool | None = None
+
+    @property
+    def direct(self) -> bool:
+        """Whether the step scripts can push to the broker's queue (decided once per process)."""
+        if self._direct is None or self._pid != os.getpid():
+            self._direct = self._check()
+        return self._direct
+
+    @property
+    def queue_key(self) -> str:
+        """The Redis list of the app's queue (messages of priority 0, as lousho's are)."""
+        queue = str(self.app.conf.task_default_queue)
+        return str(self._channel._q_for_pri(queue, 0)) if self.direct else queue
+
+    def encode(self, task: StepTask) -> str:
+        """The message for `task`, as kombu's Redis transport would LPUSH it onto `queue_key` after
+        `app.send_task` (the same headers, properties and body; tests/fleet/test_outbox.py)."""
+        app, queue = self.app, self.app.conf.task_default_queue
+        headers, properties, body, _ = app.amqp.as_task_v2(
+            task.task_id, task.name, args=task.args, kwargs={}, shadow=task.shadow, argsrepr=task.argsrepr,
+            kwargsrepr="{}", reply_to=app.thread_oid, ignore_result=None,
+        )  # fmt: skip
+        properties = {**properties, "argsrepr": task.argsrepr, "delivery_mode": 2}  # as send_task's options do
+        if signals.before_task_publish.receivers:  # e.g. a tracer adding its context to the headers
+            signals.before_task_publish.send(
+                sender=task.name, body=body, exchange="", routing_key=queue, headers=headers,
+                properties=properties, declare=[], retry_policy={},
+            )  # fmt: skip
+        content_type, content_encoding, data = _serialize(body, serializer=app.conf.task_serializer)
+        channel = self._channel
+        message = channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
+        channel._inplace_augment_message(message, "", queue)  # what basic_publish does to it
+        return _kombu_dumps(message)
+
+    def _check(self) -> bool:
+        """Open this process's broker channel and see whether the scripts can push to its queue."""
+        self._pid = os.getpid()
+        if not self.settings.outbox:
+            return False
+        try:
+            connection = self.app.connection_for_write()
+            if connection.transport.driver_type != "redis":
+                return False
+            options = connection.transport_options or {}
+            if options.get("global_keyprefix"):
+                return False
+            self._channel = connection.default_channel
+            same_server = _server_id(self._channel.client) == _server_id(self.store.client)
+            same_db = _db(self._channel.client) == _db(self.store.client)
+            needed = ("prepare_message", "_inplace_augment_message", "_q_for_pri", "_get_message_priority")
+            return same_server and same_db and all(hasattr(self._channel, name) for name in needed)
+        except Exception as exc:  # any doubt: send through Celery, as before
+            log.warning("lousho: steps are sent through Celery (the outbox is off: %s)", exc)
+            return False
+
+
+def _server_id(client: Any) -> str:
+    return str(client.info("server").get("run_id", ""))
+
+
+def _db(client: Any) -> int:
+    return int(client.connection_pool.connection_kwargs.get("db", 0) or 0)

@@ -1,0 +1,123 @@
+"""The outbox: a worker pushes a step's next task from the script that ends the step (lousho/worker/outbox.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from lousho import Message
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url
+from lousho.worker.config import celery_config
+from lousho.worker.dispatch import model_turn_task, send, tool_call_task
+from lousho.worker.outbox import Outbox
+from tests.fleet.conftest import Fleet, tool_turn
+
+
+def other_db(broker: str) -> str:
+    """The same broker URL on database 1 (the tests' Redis is on database 0)."""
+    if broker.startswith("redis+socket://"):
+        return re.sub(r"virtual_host=\d+", "virtual_host=1", broker)
+    return re.sub(r"/\d+$", "", broker.rstrip("/")) + "/1"
+
+
+def celery_app(broker: str, settings: FleetSettings) -> Celery:
+    app = Celery("outbox-test", set_as_current=False)
+    app.conf.update(celery_config(broker, settings))
+    return app
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> Iterator[str]:
+    name = f"lousho-test-outbox-{uuid.uuid4().hex[:12]}"
+    yield name
+    redis_client.delete(name)
+
+
+def unpushed(message: dict[str, Any]) -> dict[str, Any]:
+    """A message without what differs between any two pushes of it (kombu's random delivery tag)."""
+    return {**message, "properties": {k: v for k, v in message["properties"].items() if k != "delivery_tag"}}
+
+
+@pytest.mark.parametrize("task", [model_turn_task("s1", 4), tool_call_task("s1", "call_0", "work", 4)])
+def test_the_outbox_pushes_the_message_celery_would_send(
+    task: Any, redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str
+) -> None:
+    settings = FleetSettings(queue=queue)
+    app = celery_app(broker_url(redis_url), settings)
+    outbox = Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings)
+    assert outbox.direct and outbox.queue_key == queue
+
+    pushed = json.loads(outbox.encode(task))
+    send(app, task)
+    sent = json.loads(redis_client.lpop(queue))  # type: ignore[arg-type]
+
+    assert unpushed(pushed) == unpushed(sent)
+
+
+def test_the_outbox_is_off_when_the_broker_is_another_redis_database(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str
+) -> None:
+    settings = FleetSettings(queue=queue)
+    app = celery_app(other_db(broker_url(redis_url)), settings)
+    assert not Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings).direct
+
+
+def test_the_outbox_is_off_when_the_fleet_settings_say_so(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str
+) -> None:
+    settings = FleetSettings(queue=queue, outbox=False)
+    app = celery_app(broker_url(redis_url), settings)
+    assert not Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings).direct
+
+
+def two_turn_job(fleet: Fleet, session: str) -> None:
+    fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 1})), tool_turn((f"{session}-b", "work", {"n": 2})),
+                           Message.assistant("done")])  # fmt: skip
+
+
+def test_a_worker_pushes_each_next_step_from_the_script_that_ends_the_step(fleet: Fleet) -> None:
+    two_turn_job(fleet, "pushed")
+    fleet.start_worker()
+
+    fleet.client.enqueue("jobs", "go", session_id="pushed")
+    fleet.wait_for(["pushed"], timeout_s=30)
+
+    assert fleet.counts("runs") == {"pushed-a": 1, "pushed-b": 1}
+    assert fleet.counts("sends") == {}  # 4 steps handed on, none through app.send_task
+
+
+def test_without_the_outbox_every_step_is_sent_through_celery(fleet: Fleet) -> None:
+    two_turn_job(fleet, "sent")
+    fleet.start_worker(LOUSHO_TEST_OUTBOX="0")
+
+    fleet.client.enqueue("jobs", "go", session_id="sent")
+    fleet.wait_for(["sent"], timeout_s=30)
+
+    assert fleet.counts("runs") == {"sent-a": 1, "sent-b": 1}
+    assert fleet.counts("sends") == {"lousho.tool_call": 2, "lousho.model_turn": 2}
+
+
+def test_a_broker_on_another_redis_database_gets_every_step_through_celery(fleet: Fleet, redis_url: str) -> None:
+    broker = other_db(broker_url(redis_url))
+    client = Client(broker=broker, store=fleet.store, settings=FleetSettings(queue=fleet.queue, lease_ttl_s=2.0))
+    two_turn_job(fleet, "elsewhere")
+    fleet.start_worker(LOUSHO_TEST_FLEET_BROKER=broker)
+    try:
+        client.enqueue("jobs", "go", session_id="elsewhere")
+        fleet.wait_for(["elsewhere"], timeout_s=30)
+    finally:
+        fleet.stop_all()
+        with client.app.connection_for_write() as connection:
+            connection.default_channel.client.delete(fleet.queue)
+
+    assert fleet.counts("runs") == {"elsewhere-a": 1, "elsewhere-b": 1}
+    assert fleet.counts("sends") == {"lousho.tool_call": 2, "lousho.model_turn": 2}
