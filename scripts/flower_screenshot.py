@@ -6,7 +6,7 @@ Needs headless Chromium (Debian: `apt-get install -y chromium`). Starts a privat
 worker of `lousho.demo.fleet_app`, and Flower on a free port; runs three trip planners to the
 end (approving each booking through `Client.resolve_approval`); then screenshots
 `/tasks`, where each model turn shows as `lousho.model_turn` with id `<session>/turn/<n>` and
-each tool call as `tool:<tool>` with id `<session>/tool/<call id>`. Ends every process it
+each tool call as `tool:<tool>` with id `<session>/turn/<n>/tool/<call id>`. Ends every process it
 started, by pid. Made by hand, not in CI.
 """
 
