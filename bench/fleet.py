@@ -43,6 +43,7 @@ from lousho.worker import FleetSettings, broker_url
 from lousho.worker.config import celery_config
 
 APPS = {"lousho": "bench.fleet_app", "floor": "bench.floor_app"}
+OUTBOX_OFF = "lousho, outbox off"
 
 
 @dataclass
@@ -55,12 +56,15 @@ class Fleet:
     kind: str
     log_dir: str
     extra_env: dict[str, str] = field(default_factory=dict)
+    label: str = ""
+    """How the results name this fleet (default: its kind)."""
     settings: FleetSettings = field(default_factory=FleetSettings)
     workers: list[WorkerProcess] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     """Sessions the reaper requeued (a lousho fleet always runs one, as a deployment runs beat)."""
 
     def __post_init__(self) -> None:
+        self.label = self.label or self.kind
         self.queue = f"lousho-bench-{self.kind}-{uuid.uuid4().hex[:8]}"
         self.settings = FleetSettings(
             lease_ttl_s=self.settings.lease_ttl_s, reaper_interval_s=self.settings.reaper_interval_s, queue=self.queue
@@ -167,26 +171,31 @@ def forget_queue(client: redis.Redis, queue: str) -> None:
 # -- 2. latency --------------------------------------------------------------------------------
 
 
-def latency(ours: Fleet, floor: Fleet, turns: int, repeats: int) -> dict[str, Any]:
-    ours.scale(1)
-    floor.scale(1)
-    per_hop: dict[str, list[float]] = {"lousho": [], "floor": []}
+def latency(ours: Fleet, floor: Fleet, sent: Fleet, turns: int, repeats: int) -> dict[str, Any]:
+    """`sent`: lousho with `FleetSettings(outbox=False)`, every step through `app.send_task` as the
+    floor's hops are: a reference row, so the table shows what the outbox is worth."""
+    fleets = [ours, floor, sent]
+    for fleet in fleets:
+        fleet.scale(1)
+    per_hop: dict[str, list[float]] = {fleet.label: [] for fleet in fleets}
     hops = 2 * turns + 1
     for repeat in range(repeats + 1):  # the first is a warm-up
-        for fleet in (floor, ours) if repeat % 2 else (ours, floor):
+        for fleet in fleets[repeat % 3 :] + fleets[: repeat % 3]:  # each goes first in turn
             name = f"lat-{uuid.uuid4().hex[:10]}"
             started = time.time()
             fleet.start(name, turns)
             (done,) = fleet.wait_done(1, timeout_s=60 + hops)
             if repeat:
-                per_hop[fleet.kind].append((done["t"] - started) * 1000 / hops)
+                per_hop[fleet.label].append((done["t"] - started) * 1000 / hops)
     ratios = [o / f for o, f in zip(per_hop["lousho"], per_hop["floor"], strict=True)]
+    sent_ratios = [o / f for o, f in zip(per_hop[sent.label], per_hop["floor"], strict=True)]
     return {
         "turns": turns,
         "hops": hops,
         "repeats": repeats,
         "per_hop_ms": {k: stats(v) for k, v in per_hop.items()},
         "ratio": stats(ratios),
+        "ratio_outbox_off": stats(sent_ratios),
         "redis_commands_per_hop": {f.kind: commands_per_hop(f, turns) for f in (ours, floor)},
         "reaper_requeues": len(ours.requeued),
     }
@@ -313,10 +322,15 @@ def run(url: str, parts: set[str], config: Any) -> dict[str, Any]:
     log_dir = tempfile.TemporaryDirectory(prefix="lousho-bench-workers-")
     ours = Fleet(url, client, prefix, "lousho", log_dir.name)
     floor = Fleet(url, client, prefix, "floor", log_dir.name)
+    sent = Fleet(
+        url, client, f"{prefix}sent:", "lousho", log_dir.name, label=OUTBOX_OFF, extra_env={"LOUSHO_BENCH_OUTBOX": "0"}
+    )
     try:
         ours.start_reaper()
+        sent.start_reaper()
         if "latency" in parts:
-            result["latency"] = latency(ours, floor, config.latency_turns, config.latency_repeats)
+            result["latency"] = latency(ours, floor, sent, config.latency_turns, config.latency_repeats)
+        sent.close()
         if "throughput" in parts:
             result["throughput"] = throughput(
                 ours,
@@ -352,6 +366,7 @@ def run(url: str, parts: set[str], config: Any) -> dict[str, Any]:
     finally:
         ours.close()
         floor.close()
+        sent.close()
         delete_prefix(client, prefix)
         client.close()
         log_dir.cleanup()

@@ -2,8 +2,9 @@
 
 Configured by environment variables (set by `bench.fleet`): `LOUSHO_BENCH_REDIS`,
 `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`, and optionally `LOUSHO_BENCH_LEASE_TTL_S` /
-`LOUSHO_BENCH_REAPER_S` (default: `FleetSettings()`'s) and `LOUSHO_BENCH_TRACE=1` (record
-every task start, for the recovery benchmark).
+`LOUSHO_BENCH_REAPER_S` (default: `FleetSettings()`'s), `LOUSHO_BENCH_OUTBOX=0` (every step sent
+through `app.send_task`, for the latency benchmark's reference row) and `LOUSHO_BENCH_TRACE=1`
+(record every task start, for the recovery benchmark).
 
 The model is a `ScriptedProvider(by_turn=True)` with zero latency: a session's first user
 message says how many tool turns it runs (`turns=<n>`), and optionally that its first tool
@@ -38,6 +39,7 @@ _defaults = FleetSettings()
 SETTINGS = FleetSettings(
     lease_ttl_s=float(os.environ.get("LOUSHO_BENCH_LEASE_TTL_S") or _defaults.lease_ttl_s),
     reaper_interval_s=float(os.environ.get("LOUSHO_BENCH_REAPER_S") or _defaults.reaper_interval_s),
+    outbox=os.environ.get("LOUSHO_BENCH_OUTBOX", "1") == "1",
     queue=os.environ["LOUSHO_BENCH_QUEUE"],
 )
 store = RedisStore(URL, prefix=PREFIX)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-COLORS = {"lousho": "#1f77b4", "LangGraph": "#ff7f0e", "DBOS": "#2ca02c", "floor": "#7f7f7f"}
+COLORS = {
+    "lousho": "#1f77b4",
+    "lousho, outbox off": "#aec7e8",
+    "LangGraph": "#ff7f0e",
+    "DBOS": "#2ca02c",
+    "floor": "#7f7f7f",
+}
 
 
 def _pyplot() -> Any:
@@ -64,10 +70,15 @@ def latency(section: dict[str, Any], out: Path) -> str:
     plt = _pyplot()
     kinds = ["floor", "lousho"]
     labels = ["floor: bare Celery hop", "lousho: model turn / tool call task"]
+    if "lousho, outbox off" in section["per_hop_ms"]:
+        kinds.append("lousho, outbox off")
+        labels.append("lousho, outbox off")
     values = [section["per_hop_ms"][k] for k in kinds]
-    figure, axis = plt.subplots(figsize=(7, 2.6))
-    axis.barh([1, 0], [v["median"] for v in values], xerr=_errors(values), color=[COLORS[k] for k in kinds], capsize=4)
-    axis.set_yticks([1, 0], labels)
+    rows = list(range(len(kinds) - 1, -1, -1))
+    colors = [COLORS.get(k, COLORS["lousho"]) for k in kinds]
+    figure, axis = plt.subplots(figsize=(7, 1.2 + 0.7 * len(kinds)))
+    axis.barh(rows, [v["median"] for v in values], xerr=_errors(values), color=colors, capsize=4)
+    axis.set_yticks(rows, labels)
     axis.axvline(1.5 * values[0]["median"], color="red", linestyle="--", label="goal: 1.5 x floor")
     axis.set_xlabel("ms per task hop, median, min-max")
     axis.set_title(f"Fleet: one session, {section['hops']} task hops, solo worker")

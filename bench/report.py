@@ -146,12 +146,29 @@ def latency_section(section: dict[str, Any] | None) -> list[str]:
         f"| floor: bare Celery hop | {fmt(section['per_hop_ms']['floor'])} | {2 * floor:.2f} | 1.00x |",
         f"| lousho | {fmt(section['per_hop_ms']['lousho'])} | {2 * section['per_hop_ms']['lousho']['median']:.2f} | "
         f"{fmt(section['ratio'], 2, 'x')} |",
+        *_outbox_off_row(section),
+        "",
+        "lousho hands each step on with its outbox: the script that saves a step and releases its lease also "
+        "pushes the next task, the message Celery's `send_task` would publish ([docs/fleet.md](../fleet.md#how-a-step-"
+        "hands-on-two-round-trips-and-the-outbox)). The floor publishes through `send_task`, which also sends Celery's "
+        "task-sent event. For reference, the last row is lousho with `FleetSettings(outbox=False)`: every step "
+        "through `send_task`, as the floor's hops are.",
         "",
         *_commands(section.get("redis_commands_per_hop")),
         "![fleet latency](fleet_latency.png)",
         "",
     ]
     return lines
+
+
+def _outbox_off_row(section: dict[str, Any]) -> list[str]:
+    off = section["per_hop_ms"].get("lousho, outbox off")
+    if off is None:
+        return []
+    return [
+        f"| lousho, outbox off (each step through `send_task`) | {fmt(off)} | {2 * off['median']:.2f} | "
+        f"{fmt(section['ratio_outbox_off'], 2, 'x')} |"
+    ]
 
 
 def _commands(found: dict[str, Any] | None) -> list[str]:
