@@ -4,9 +4,12 @@ The transcript is `bench.redis_store`'s: a system and a user message, then one ~
 per step (an assistant turn asking for a tool, then its result, alternating); each save is
 one message longer. Every store keeps its default history ring (50 entries).
 
-- Save time at step N: each repeat is a fresh session saved step by step; it contributes the
-  median of its saves at steps N-2..N+2 (a single save is at the mercy of one Lua GC step or
-  one fsync). Reported: median (min-max) over repeats.
+- Save time at step N: each repeat is a fresh session saved step by step, its saves at steps
+  N-5..N+5 timed (a single save is at the mercy of one Lua GC step or one fsync). Reported: the
+  median of every timed save of every repeat, with the min-max of the repeats' own medians; the
+  growth ratio is taken from those pooled medians. The Python garbage collector is collected 10
+  saves before a window and paused inside it: collected right before, the fresh memory it hands
+  out afterwards made the next saves ~60% slower (step 10's window came right after one).
 - A store whose saves around step 100 take over SLOW_MS (FileStore while it rewrites its whole
   history file, 50 whole checkpoints, on every save: 500 steps one by one would write ~6 GB) is
   brought from step 102 to step 497 in one go (its latest file and history file written with
@@ -47,7 +50,11 @@ from lousho.stores import FileStore, RedisStore, SqliteStore, memory_store
 
 STEPS = (10, 100, 500)
 SIZE = 1000
-WINDOW = 2  # saves timed: N-2..N+2
+WINDOW = 5  # saves timed: N-5..N+5 (a sub-millisecond save varies by ±50% from one to the next)
+# Untimed saves between a full collection and a window: right after gc.collect() the allocator
+# hands out fresh memory for a while, which made the next saves ~60% slower and step 10's window
+# (collected right before) look like growth that the saves do not have.
+SETTLE = 10
 SLOW_MS = 20.0  # a store slower than this per save around step 100 is brought forward to step 500 in one go
 
 
@@ -187,8 +194,8 @@ def memory_bytes(step: int) -> int:
         tracemalloc.stop()
 
 
-def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[int, int]]:
-    """One repeat: the median save time (ms) around each step of STEPS, and the bytes at each step.
+def one_session(target: Target, session: str) -> tuple[dict[int, list[float]], dict[int, int]]:
+    """One repeat: the save times (ms) around each step of STEPS, and the bytes at each step.
 
     A store whose saves around step 100 take over SLOW_MS (FileStore while it rewrites its whole
     history file) is brought from there to just before the last window in one go (`fast_forward`)."""
@@ -205,22 +212,26 @@ def one_session(target: Target, session: str) -> tuple[dict[int, float], dict[in
             checkpoint = run[index]
             step = checkpoint.version
             index += 1
+            if any(step == max(1, s - WINDOW - SETTLE) for s in STEPS):
+                gc.collect()  # the harness's garbage is not the store's cost...
             near = next((s for s in STEPS if abs(step - s) <= WINDOW), None)
             if near is None:
                 target.save(session, checkpoint)
                 continue
-            if step == near - WINDOW:
-                gc.collect()  # the harness's garbage is not the store's cost
-            started = time.perf_counter()
-            target.save(session, checkpoint)
-            times[near].append((time.perf_counter() - started) * 1000)
+            gc.disable()  # ...nor a collection that its garbage sets off inside the window
+            try:
+                started = time.perf_counter()
+                target.save(session, checkpoint)
+                times[near].append((time.perf_counter() - started) * 1000)
+            finally:
+                gc.enable()
             if step == near:
                 sizes[step] = target.bytes(session)
             if step == near + WINDOW and near != max(STEPS) and statistics.median(times[near]) > SLOW_MS:
                 target.fast_forward(session, run[: max(STEPS) - WINDOW - 1])
                 target.skipped = True
                 index = max(STEPS) - WINDOW - 1
-        return {s: statistics.median(v) for s, v in times.items()}, sizes
+        return times, sizes
     finally:
         target.close()
 
@@ -281,13 +292,15 @@ def run(repeats: int, client: redis.Redis) -> dict[str, Any]:
         try:
             for name in TARGETS:
                 target = Target(name, Path(folder), client, prefix)
-                per_step: dict[int, list[float]] = {s: [] for s in STEPS}
+                per_step: dict[int, list[float]] = {s: [] for s in STEPS}  # each session's median
+                pooled: dict[int, list[float]] = {s: [] for s in STEPS}  # every timed save
                 sizes: dict[int, int] = {}
                 try:
                     for repeat in range(repeats):
                         times, sizes = one_session(target, f"g{repeat}")
                         for step, ms in times.items():
-                            per_step[step].append(ms)
+                            per_step[step].append(statistics.median(ms))
+                            pooled[step] += ms
                 except Exception as exc:
                     result["stores"][name] = {"error": f"failed: {type(exc).__name__}: {exc}"}
                     continue
@@ -298,7 +311,8 @@ def run(repeats: int, client: redis.Redis) -> dict[str, Any]:
                 result["stores"][name] = {
                     "save_ms": {str(s): stats(v) for s, v in per_step.items()},
                     "bytes": {str(s): b for s, b in sizes.items()},
-                    "ratio": statistics.median(per_step[max(STEPS)]) / statistics.median(per_step[min(STEPS)]),
+                    "ratio": statistics.median(pooled[max(STEPS)]) / statistics.median(pooled[min(STEPS)]),
+                    "pooled_ms": {str(s): statistics.median(v) for s, v in pooled.items()},
                     "brought_forward": target.skipped,
                 }
         finally:

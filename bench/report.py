@@ -220,9 +220,10 @@ def growth_section(section: dict[str, Any] | None) -> list[str]:
     steps = section["steps"]
     lines += [
         f"One session saved step by step, one ~{section['message_bytes']} B message per step, each store with its "
-        f"default history ring (50). Save time: median over {section['repeats']} sessions of each session's median "
-        "save at steps N-2..N+2. Bytes: what the store holds for that session after the save of step N (see the "
-        "notes). Naive: the whole checkpoint JSON as the latest record and pushed to the ring.",
+        f"default history ring (50). Save time: the median of every save at steps N-5..N+5 of {section['repeats']} "
+        "sessions (in brackets: the min-max of each session's own median); the ratio is taken from those medians. "
+        "Bytes: what the store holds for that session after the save of step N (see the notes). Naive: the whole "
+        "checkpoint JSON as the latest record and pushed to the ring.",
         "",
         "| store | "
         + " | ".join(f"save ms, step {s}" for s in steps)
@@ -237,7 +238,7 @@ def growth_section(section: dict[str, Any] | None) -> list[str]:
             continue
         if store.get("brought_forward"):
             name += " (brought forward from step 102 to 497, see the notes)"
-        times = " | ".join(fmt(store["save_ms"][str(s)], 3) for s in steps)
+        times = " | ".join(_pooled(store, s) for s in steps)
         sizes = " | ".join(f"{store['bytes'][str(s)]:,}" for s in steps)
         lines.append(f"| {name} | {times} | {store['ratio']:.2f}x | {sizes} |")
     langgraph = section.get("langgraph", {})
@@ -250,6 +251,13 @@ def growth_section(section: dict[str, Any] | None) -> list[str]:
         lines.append(f"| LangGraph SqliteSaver (same transcript) | {times} | {ratio:.2f}x | {sizes} |")
     lines += ["", "![cost growth](growth.png)", ""]
     return lines
+
+
+def _pooled(store: dict[str, Any], step: int) -> str:
+    """The pooled median save time at `step`, with the sessions' medians' min-max."""
+    per_session = store["save_ms"][str(step)]
+    pooled = store.get("pooled_ms", {}).get(str(step), per_session["median"])
+    return f"{pooled:.3f} ({per_session['min']:.3f}-{per_session['max']:.3f})"
 
 
 def recovery_section(section: Any) -> list[str]:
