@@ -127,7 +127,8 @@ class SessionSteps:
             return bool(self.client.hsetnx(self.keys.results(self.session_id), field, json.dumps(result, default=str)))
 
     def count_attempt(self, what: str, by: int = 1) -> int:
-        return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, by)))
+        with redis_errors(self.client, f"count a start of {what!r} of session {self.session_id!r}"):
+            return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, by)))
 
     def aborted(self) -> bool:
         """The session's abort flag, as the step read it with its lease, or as the heartbeat saw it since."""
@@ -136,7 +137,8 @@ class SessionSteps:
     def park(self, reason: str) -> None:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
         log.error("parking session %s: %s", self.session_id, reason)
-        self.client.hset(self.keys.parked, self.session_id, reason)
+        with redis_errors(self.client, f"park session {self.session_id!r}"):
+            self.client.hset(self.keys.parked, self.session_id, reason)
         self.runtime.store.checkpoints.drop_inflight(self.session_id)
 
     # -- advance -----------------------------------------------------------------------
