@@ -141,12 +141,19 @@ def load_script(client: redis.Redis, name: str) -> Script:
     """Register `lua/<name>.lua` of `lousho.stores` (or `<package>:<name>`); redis-py's Script
     reloads it on NOSCRIPT (e.g. after a Redis restart).
 
-    Lua inside Redis has no `require`: a script that calls a library function says so in a line
-    `-- needs: <part>, ...` and is sent with each library's source in front of its own."""
-    own = _script_source(name)
-    needs = re.search(r"^-- needs: (.+)$", own, re.MULTILINE)
-    parts = [part.strip() for part in needs.group(1).split(",")] if needs else []
-    return client.register_script("\n".join([*(_script_source(part) for part in parts), own]))
+    Lua inside Redis has no `require`: a script (or a library) that calls a library function says
+    so in a line `-- needs: <part>, ...` and is sent with each library's source in front of its own."""
+    return client.register_script("\n".join(_script_source(part) for part in _with_needs(name, [])))
+
+
+def _with_needs(name: str, parts: list[str]) -> list[str]:
+    """`parts` and then `name` with what it needs, each once, every library before its users."""
+    needs = re.search(r"^-- needs: (.+)$", _script_source(name), re.MULTILINE)
+    for need in [part.strip() for part in needs.group(1).split(",")] if needs else []:
+        if need not in parts:
+            _with_needs(need, parts)
+    parts.append(name)
+    return parts
 
 
 def text(value: bytes | str) -> str:

@@ -4,6 +4,8 @@
 --
 -- cp: the head key; msgs: the messages list; known: the writer id of the save whose transcript the
 -- caller holds already ('' = none).
+--
+-- needs: segments
 -- Replies: {'none'} | {'corrupt', problem} | {'known', head}: the caller's transcript is this
 -- head's, so no message is sent (a worker that made the last save reads back a few hundred
 -- bytes, not the transcript) | {'head', head, message...}: the head and the messages its
@@ -22,15 +24,8 @@ local function read_checkpoint(cp, msgs, known)
   if list_kind ~= 'none' and list_kind ~= 'list' then
     return {'corrupt', msgs .. ' holds a ' .. list_kind .. ', not a list'}
   end
-  local list_length = redis.call('LLEN', msgs)
-  for _, seg in ipairs(meta.s) do
-    if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
-      return {'corrupt', 'its store header is damaged'}
-    end
-    if seg[1] + seg[2] > list_length then
-      return {'corrupt', 'its messages list is shorter than its head says (deleted or expired?)'}
-    end
-  end
+  local problem = segments_problem(meta.s, redis.call('LLEN', msgs))
+  if problem then return {'corrupt', problem} end
   if known ~= '' and meta.w == known then return {'known', head} end
   local reply = {'head', head}
   for _, seg in ipairs(meta.s) do

@@ -2,6 +2,8 @@
 -- save.lua calls it, and so does the worker's save_end.lua, which passes more KEYS and ARGV after
 -- these (its own part runs only when the save did).
 --
+-- needs: segments
+--
 -- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index, [5 the session's lease when fenced]
 -- ARGV: 1 new version, 2 writer id of the head the writer built on ('' = unknown: full write),
 --       3 keep: messages of that head's transcript the new one starts with (ignored on a full write),
@@ -105,14 +107,8 @@ local function save_checkpoint()
   end
   if stored.v == new_version and stored.w == wid then return {'done'} end
   local list_length = redis.call('LLEN', msgs)
-  for _, seg in ipairs(stored.s) do
-    if type(seg) ~= 'table' or type(seg[1]) ~= 'number' or type(seg[2]) ~= 'number' then
-      return {'corrupt', 'its store header is damaged'}
-    end
-    if seg[1] + seg[2] > list_length then
-      return {'corrupt', 'its messages list is shorter than its head says (deleted or expired?)'}
-    end
-  end
+  local problem = segments_problem(stored.s, list_length)
+  if problem then return {'corrupt', problem} end
   if stored.v ~= new_version - 1 then
     if head then return {'conflict', stored.v} end
     return {'conflict', -1}

@@ -1,6 +1,8 @@
 -- begin_step(k, token, ttl_ms, session, attempt_field, known): take a session's lease and read what
 -- a step needs, in the same round trip. A library: step_begin.lua and call_commit.lua call it.
 --
+-- needs: read_checkpoint
+--
 -- k: the keys {lease, parked (hash of parked sessions), abort, attempts (hash), results (hash),
 -- head, msgs}. attempt_field: the attempts field to count one more start of ('' = none).
 -- known: the writer id the caller holds the transcript of (read_checkpoint.lua).

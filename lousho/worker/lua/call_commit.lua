@@ -1,7 +1,7 @@
 -- After a tool call ran: commit its result (the first writer wins), release the call's lease,
 -- then try the session's lease to fold the result in (begin_step), all in one round trip.
 --
--- needs: read_checkpoint, lousho.worker:begin_step
+-- needs: lousho.worker:begin_step
 -- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs
 -- ARGV: 1 the call's field, 2 result JSON, 3 call lease token, then as step_begin.lua:
 --       4 token, 5 ttl ms, 6 session id, 7 attempts field, 8 known writer id

@@ -1,7 +1,7 @@
 -- Take a session's lease, count the start of its model turn, and read the checkpoint, the
 -- committed results and the parked and abort marks: a step's first round trip (SessionSteps).
 --
--- needs: read_checkpoint, lousho.worker:begin_step
+-- needs: lousho.worker:begin_step
 -- KEYS: 1 lease, 2 parked, 3 abort, 4 attempts, 5 results, 6 head, 7 msgs
 -- ARGV: 1 token, 2 ttl ms, 3 session id, 4 attempts field ('' = none), 5 known writer id
 -- Reply: begin_step's
