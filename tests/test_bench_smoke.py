@@ -29,6 +29,7 @@ ROWS = [
     "| DBOS | workflow of steps, SQLite system database |",
     "| floor: bare Celery hop |",
     "| lousho | ",
+    "| lousho, outbox off (each step through `send_task`) |",
 ]
 
 
@@ -54,3 +55,15 @@ def test_quick_bench_writes_its_table_with_every_row(tmp_path: Path) -> None:
     assert "## Benchmarks" in (out / "summary.md").read_text(encoding="utf-8")
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "overhead.png").stat().st_size > 0 and (out / "fleet_latency.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_store_growth_writes_a_row_per_store(tmp_path: Path) -> None:
+    from bench import store_growth
+
+    table = store_growth.run(1)
+
+    for store in ("memory_store()", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "naive files", "naive Redis"):
+        rows = [line for line in table.splitlines() if line.startswith(f"| {store}")]
+        assert len(rows) == 1 and rows[0].count("|") == 7, (store, rows)
