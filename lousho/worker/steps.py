@@ -7,9 +7,10 @@ finishing). `fold()` records the tool results committed so far (in the session's
 results hash) into the checkpoint, in call order, one save each.
 
 A step talks to Redis in as few round trips as it can (issue #9): `begin_step` takes the
-lease and reads everything the step needs in one script; `end()` marks the tool calls to
-send, drops a completed turn's state and releases the lease in another; the tasks are sent
-after that, so the worker that takes the next one finds the lease free.
+lease and reads everything the step needs in one script; the step's end (`ending.py`: mark
+the tool calls to send, drop a completed turn's state, release the lease, push the next
+tasks) is one more script, usually run inside the step's last save. A tool call whose
+result completes its turn commits, folds and ends in one script (`fold_last_result`).
 
 Every save goes through `FencedCheckpoints`, so a worker whose lease was taken
 over cannot overwrite newer progress (DESIGN.md: 'The fleet').
