@@ -90,8 +90,9 @@ class Outbox:
     def _check(self) -> bool:
         """Open this process's broker channel and see whether the scripts can push to its queue."""
         self._pid = os.getpid()
-        if not self.settings.outbox:
-            return False
+        conf = self.app.conf
+        if not self.settings.outbox or conf.task_protocol != 2 or conf.task_compression:
+            return False  # off, or messages this encoder does not make (protocol 1, compressed bodies)
         try:
             connection = self.app.connection_for_write()
             if connection.transport.driver_type != "redis":

@@ -79,6 +79,15 @@ def test_the_outbox_is_off_when_the_fleet_settings_say_so(
     assert not Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings).direct
 
 
+def test_the_outbox_is_off_for_messages_it_does_not_make(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str
+) -> None:
+    settings = FleetSettings(queue=queue)
+    app = celery_app(broker_url(redis_url), settings)
+    app.conf.task_compression = "gzip"  # send_task would compress the body; the outbox does not
+    assert not Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings).direct
+
+
 def two_turn_job(fleet: Fleet, session: str) -> None:
     fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 1})), tool_turn((f"{session}-b", "work", {"n": 2})),
                            Message.assistant("done")])  # fmt: skip
