@@ -29,7 +29,6 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -39,24 +38,11 @@ from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
-from lousho.messages import Message
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
-from lousho.stores.segments import Known, SessionCache
+from lousho.stores.segments import Known, SessionCache, common_prefix
 
 __all__ = ["AndThen", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
-
-
-def _common_prefix(old: tuple[Message, ...], new: Sequence[Message]) -> int:
-    """How many leading messages `new` shares with `old` (identity first: the engine shares them)."""
-    if len(new) >= len(old) and list(new[: len(old)]) == list(old):
-        return len(old)
-    count = 0
-    for before, after in zip(old, new, strict=False):
-        if before is not after and before != after:
-            break
-        count += 1
-    return count
 
 
 @dataclass(frozen=True)
@@ -145,7 +131,7 @@ class RedisCheckpointStore:
         request = _SaveRequest(session_id, checkpoint, body, writer_id, fence, and_then)
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
-                keep = _common_prefix(known.messages, checkpoint.messages)
+                keep = common_prefix(known.messages, checkpoint.messages)
                 reply, after = self._run_save(request, known.writer, keep)
                 if reply[0] == "resync":
                     reply, after = self._run_save(request, "", 0)
