@@ -11,14 +11,22 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from lousho.checkpoint import Checkpoint
-from lousho.errors import CorruptApprovalError
+from lousho.errors import CorruptApprovalError, InvalidDecisionError
 from lousho.fingerprint import AgentFingerprint
 from lousho.messages import ToolCall
 
-__all__ = ["ApprovalDecision", "ApprovalSnapshot", "ApprovalState", "ApprovalStore", "decode_snapshot", "utc_now"]
+__all__ = [
+    "ApprovalDecision",
+    "ApprovalSnapshot",
+    "ApprovalState",
+    "ApprovalStore",
+    "decode_snapshot",
+    "parse_decision",
+    "utc_now",
+]
 
 ApprovalState = Literal["pending", "approved", "rejected"]
 
@@ -32,9 +40,23 @@ class ApprovalDecision(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str
-    approved: bool
-    note: str | None = None
+    id: StrictStr
+    approved: StrictBool
+    """Exactly True or False: a lax "no" or 0 would be read as a decision nobody made (issue #21)."""
+    note: StrictStr | None = None
+
+
+def parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecision:
+    """The decision, checked; anything else raises `InvalidDecisionError` (every entry point, every store)."""
+    if isinstance(decision, ApprovalDecision):
+        return decision
+    try:
+        return ApprovalDecision.model_validate(decision)
+    except ValidationError as exc:
+        raise InvalidDecisionError(
+            "a decision must be {'id': str, 'approved': True or False, 'note': str | None}; "
+            f"got {decision!r:.300} ({exc.error_count()} problems)"
+        ) from exc
 
 
 class ApprovalSnapshot(BaseModel):

@@ -17,6 +17,8 @@ __all__ = [
     "ConfigurationError",
     "CorruptApprovalError",
     "CorruptCheckpointError",
+    "InvalidDecisionError",
+    "InvalidInputError",
     "InvalidSessionIdError",
     "LeaseLostError",
     "PropagatingToolError",
@@ -53,6 +55,12 @@ class InvalidSessionIdError(SDKError, ValueError):
     """A session id that stores and task ids cannot carry safely."""
 
     code = "LOUSHO_INVALID_SESSION_ID"
+
+
+class InvalidInputError(SDKError, ValueError):
+    """Input that would give the provider an invalid transcript; refused before anything is written (issue #21)."""
+
+    code = "LOUSHO_INVALID_INPUT"
 
 
 class SessionAwaitingApprovalError(SDKError):
@@ -167,6 +175,13 @@ class ApprovalAlreadyResolvedError(SDKError):
     """A second decision for an approval that was already decided; the tool does not run again."""
 
     code = "LOUSHO_APPROVAL_ALREADY_RESOLVED"
+
+
+class InvalidDecisionError(ConfigurationError):
+    """A decision that is not `{"id": str, "approved": bool, "note": str | None}`; `approved` must be
+    exactly True or False: "no", 0 or None are refused, not read as a rejection (issue #21)."""
+
+    code = "LOUSHO_INVALID_DECISION"
 
 
 class ProviderError(SDKError):

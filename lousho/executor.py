@@ -11,18 +11,18 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from lousho.abort import AbortSignal
-from lousho.approvals import ApprovalDecision, ApprovalStore
+from lousho.approvals import ApprovalDecision, ApprovalStore, parse_decision
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate_session_id
 from lousho.definition import Agent
-from lousho.errors import ConfigurationError, SessionAwaitingApprovalError
+from lousho.errors import ConfigurationError, InvalidDecisionError, SessionAwaitingApprovalError
 from lousho.events import EventSink
 from lousho.fork import ForkPatch, ForkResult
 from lousho.fork import fork as _fork
-from lousho.inputs import add_input_to_unfinished, continue_finished, start_session
-from lousho.messages import Message, as_messages
+from lousho.inputs import add_input_to_unfinished, continue_finished, start_session, validate_input
+from lousho.messages import Message
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, Run, RunResult
 from lousho.tools import Tool
@@ -30,12 +30,6 @@ from lousho.tools import Tool
 __all__ = ["AgentExecutor", "InvalidDecisionError", "ResumeOptions", "resume_after_approval"]
 
 InputLike = str | Message | dict[str, Any] | Sequence[Any] | None
-
-
-class InvalidDecisionError(ConfigurationError):
-    """A decision that is not `{"id": str, "approved": bool, "note": str | None}`."""
-
-    code = "LOUSHO_INVALID_DECISION"
 
 
 class ResumeOptions(BaseModel):
@@ -78,13 +72,16 @@ class AgentExecutor:
         context: dict[str, Any] | None = None,
         on_event: EventSink | None = None,
     ) -> RunResult:
-        """Run `agent` on `input`; with `session_id` and `checkpoint_store` the run survives crashes."""
+        """Run `agent` on `input`; with `session_id` and `checkpoint_store` the run survives crashes.
+
+        Input that would give the provider an invalid transcript raises `InvalidInputError`, and nothing
+        is written (`validate_input`)."""
         if checkpoint_store is not None and session_id is None:
             raise ConfigurationError("a checkpoint_store needs a session_id to save under: pass session_id=")
         if session_id is not None:
             validate_session_id(session_id)
-        messages = as_messages(input)  # type: ignore[arg-type]
         stored = await _load(checkpoint_store, session_id)
+        messages = validate_input(input, stored)
         resuming = stored is not None and stored.status != "finished"
         resolved = await agent.resolve(stored.run_config if resuming and stored else None, ctx=context)
         run = Run(
@@ -149,17 +146,6 @@ async def _continue_decided_approval(run: Run, stored: Checkpoint, approval_stor
     return await run.apply_decision(snapshot, stored, approval_store)
 
 
-def _parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecision:
-    if isinstance(decision, ApprovalDecision):
-        return decision
-    try:
-        return ApprovalDecision.model_validate(decision)
-    except ValidationError as exc:
-        raise InvalidDecisionError(
-            f"a decision must be {{'id': str, 'approved': bool, 'note': str | None}}; got {decision!r} ({exc.error_count()} problems)"
-        ) from exc
-
-
 async def resume_after_approval(
     decision: ApprovalDecision | dict[str, Any],
     approval_store: ApprovalStore,
@@ -173,7 +159,7 @@ async def resume_after_approval(
     Without `checkpoint_store` the run continues in memory and the stored session keeps
     its 'awaiting-approval' mark (reference: 'Limits').
     """
-    parsed = _parse_decision(decision)
+    parsed = parse_decision(decision)
     opts = options if isinstance(options, ResumeOptions) else ResumeOptions(**(options or {}))
     snapshot = await maybe_await(approval_store.decide(parsed.id, parsed.approved, parsed.note))
     agent = (

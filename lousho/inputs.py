@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from lousho.checkpoint import Checkpoint
-from lousho.messages import Message, Usage
+from lousho.errors import InvalidInputError
+from lousho.messages import ACCEPTED_INPUT, Message, Usage, as_messages
 
-__all__ = ["add_input_to_unfinished", "continue_finished", "start_session"]
+__all__ = ["add_input_to_unfinished", "continue_finished", "start_session", "validate_input"]
 
 
 def _without_system(messages: list[Message]) -> list[Message]:
@@ -19,6 +20,57 @@ def _same(a: list[Message], b: list[Message]) -> bool:
     return len(a) == len(b) and all(
         x.same_turn(y) and x.tool_call_id == y.tool_call_id for x, y in zip(a, b, strict=True)
     )
+
+
+def _after_resent_history(stored: Checkpoint, new: list[Message]) -> list[Message]:
+    """`new` (system messages aside) without a leading re-sent copy of the stored transcript."""
+    history = _without_system(stored.messages)
+    if len(new) >= len(history) and history and _same(new[: len(history)], history):
+        return new[len(history) :]
+    return new
+
+
+def _refuse(problem: str) -> InvalidInputError:
+    return InvalidInputError(f"{problem}; nothing was written. {ACCEPTED_INPUT[0].upper()}{ACCEPTED_INPUT[1:]}")
+
+
+def _check_added(message: Message) -> None:
+    """A message that the call would add to the transcript: it must keep the transcript valid."""
+    if message.role == "tool":
+        raise _refuse(f"a tool message (tool_call_id={message.tool_call_id!r}) answers no call the model made here")
+    if message.tool_calls:
+        raise _refuse(f"a {message.role} message with tool_calls would leave calls without results")
+    if not (message.content or "").strip():
+        raise _refuse(f"a {message.role} message without text gives the model nothing to read")
+
+
+def validate_input(value: object, stored: Checkpoint | None) -> list[Message]:
+    """The caller's `input` as messages, or `InvalidInputError` if the provider would get an invalid transcript.
+
+    The one check of every entry point (`execute`/`send`, `Client.enqueue`, the CLI, the web example),
+    made before anything is written (issue #21). `stored` is the session's checkpoint (None: a new
+    session, which must start with a user message). On a stored session system messages are ignored
+    and `[]`/None just resumes, but system messages alone are refused rather than silently dropped.
+    """
+    messages = as_messages(value)
+    if stored is None:
+        added = messages
+    else:
+        added = _without_system(messages)
+        if stored.status == "finished":
+            added = _after_resent_history(stored, added)
+    for message in added:
+        _check_added(message)
+    first = next((m for m in messages if m.role != "system"), None)
+    if stored is None and (first is None or first.role != "user"):
+        got = "no message" if first is None else f"an {first.role} message first"
+        raise _refuse(f"a new session needs a user message to start from (got {got})")
+    if stored is not None and messages and first is None:
+        raise _refuse(
+            f"session {stored.session_id!r} has its system prompt (the agent's instructions) and system messages "
+            "in input are not sent: send a user message, or input=[] to just resume"
+        )
+    return messages
 
 
 def start_session(session_id: str, instructions: str, messages: list[Message], business_state: Any) -> Checkpoint:
@@ -53,10 +105,7 @@ def continue_finished(checkpoint: Checkpoint, messages: list[Message]) -> Checkp
 
     A re-sent copy of the stored history is recognised and not duplicated. Counters restart from zero.
     """
-    new = _without_system(messages)
-    stored = _without_system(checkpoint.messages)
-    if len(new) >= len(stored) and stored and _same(new[: len(stored)], stored):
-        new = new[len(stored) :]
+    new = _after_resent_history(checkpoint, _without_system(messages))
     if not new:
         return None
     return checkpoint.model_copy(

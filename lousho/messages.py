@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-__all__ = ["INVALID_JSON_KEY", "Message", "Role", "ToolCall", "Usage", "as_messages"]
+from lousho.errors import InvalidInputError
+
+__all__ = ["ACCEPTED_INPUT", "INVALID_JSON_KEY", "Message", "Role", "ToolCall", "Usage", "as_messages"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -97,14 +99,35 @@ class Usage(BaseModel):
         )
 
 
-def as_messages(value: str | Message | dict[str, Any] | list[Any] | tuple[Any, ...] | None) -> list[Message]:
-    """Normalise what a caller passes as `input` into a list of messages."""
+ACCEPTED_INPUT = (
+    "input is text, a Message, a message dict such as {'role': 'user', 'content': 'Hi'}, or a list of those; "
+    "each message carries text; tool calls and their results are recorded by lousho, not passed as input "
+    "(only a re-sent copy of a session's own history holds them)"
+)
+"""What every `InvalidInputError` says is accepted (issue #21)."""
+
+
+def _one_message(item: object) -> Message:
+    if isinstance(item, Message):
+        return item
+    if isinstance(item, str):
+        return Message.user(item)
+    if isinstance(item, dict):
+        try:
+            return Message.model_validate(item)
+        except ValidationError as exc:
+            problem = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'message'}: {e['msg']}" for e in exc.errors())
+            raise InvalidInputError(f"{item!r:.200} is not a message ({problem}); {ACCEPTED_INPUT}") from exc
+    raise InvalidInputError(f"{item!r:.200} ({type(item).__name__}) is not a message; {ACCEPTED_INPUT}")
+
+
+def as_messages(value: object) -> list[Message]:
+    """Normalise what a caller passes as `input` into a list of messages.
+
+    Any other shape (a number, nested lists, a dict that is not a message) raises `InvalidInputError`,
+    never a `TypeError` or pydantic's `ValidationError` (issue #21)."""
     if value is None:
         return []
-    if isinstance(value, str):
-        return [Message.user(value)]
-    if isinstance(value, Message):
-        return [value]
-    if isinstance(value, dict):
-        return [Message.model_validate(value)]
-    return [item if isinstance(item, Message) else as_messages(item)[0] for item in value]
+    if isinstance(value, list | tuple):
+        return [_one_message(item) for item in value]
+    return [_one_message(value)]

@@ -8,13 +8,11 @@ from typing import Any, Literal, cast
 from celery import Celery
 from pydantic import BaseModel
 
-from lousho.approvals import ApprovalSnapshot
+from lousho.approvals import ApprovalSnapshot, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import SessionAwaitingApprovalError
-from lousho.executor import _parse_decision as parse_decision
-from lousho.inputs import add_input_to_unfinished, continue_finished
-from lousho.messages import as_messages
+from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.worker.config import FleetSettings, celery_config
@@ -59,8 +57,8 @@ class Client:
         The record is saved before the message is sent, so a lost message is recovered by the
         reaper. On an existing session the input follows the reference's rules for `execute()`."""
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
-        messages = as_messages(input)
         stored = self.store.checkpoints.load(session_id)
+        messages = validate_input(input, stored)  # before anything is written (issue #21)
         if stored is None:
             checkpoint: Checkpoint | None = Checkpoint(
                 session_id=session_id, agent_name=agent_name, pending_input=messages, business_state=business_state
