@@ -3,7 +3,8 @@
 Configuration comes from flags and the environment (`lousho.settings.LoushoSettings`):
 `--redis-url` / `LOUSHO_REDIS_URL` / `REDIS_URL`, `--store-url` / `LOUSHO_STORE_URL`,
 `--prefix` / `LOUSHO_PREFIX`, `--queue` / `LOUSHO_QUEUE`. An error prints one line
-(`error: [CODE] message`) on stderr and exits with status 1, never a traceback.
+(`error: [CODE] message`) on stderr and exits with status 1, never a traceback, and never a
+configured URL's password (issue #21).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from lousho.errors import SDKError
+from lousho.redaction import redact_secrets, url_secrets
 from lousho.settings import LoushoSettings
 
 __all__ = ["app", "main", "settings_of"]
@@ -33,14 +35,27 @@ class _Group(TyperGroup):
         try:
             return super().invoke(ctx)
         except SDKError as exc:
-            _fail(str(exc))
+            _fail(_without_secrets(str(exc), ctx))
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
             _fail(f"[LOUSHO_CONFIGURATION] bad settings: {problems}")
         except Exception as exc:
             if _is_connection_error(exc):
-                _fail(f"[LOUSHO_STORE_UNAVAILABLE] cannot reach the broker or store: {exc}")
+                detail = _without_secrets(str(exc), ctx)
+                _fail(f"[LOUSHO_STORE_UNAVAILABLE] cannot reach the broker or store: {detail}")
             raise
+
+
+def _without_secrets(message: str, ctx: Any) -> str:
+    """`message` without the password of any URL this command was given (flags, environment, settings):
+    the last guard before stderr, for a driver's message that quotes one (issue #21)."""
+    settings = ctx.obj if isinstance(ctx.obj, LoushoSettings) else None  # None: the settings were refused
+    urls = [
+        *(os.environ.get(name) for name in ("LOUSHO_REDIS_URL", "REDIS_URL", "LOUSHO_STORE_URL")),
+        *(ctx.params.get(name) for name in ("redis_url", "store_url")),
+        *((settings.redis_url, settings.store_url) if settings else ()),
+    ]
+    return redact_secrets(message, *(secret for url in urls if url for secret in url_secrets(url)))
 
 
 def _is_connection_error(exc: Exception) -> bool:

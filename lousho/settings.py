@@ -8,25 +8,41 @@
 | `LOUSHO_QUEUE` | the Celery queue (default `lousho`) |
 | `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
 | `LOUSHO_LEASE_TTL_S`, `LOUSHO_REAPER_INTERVAL_S`, `LOUSHO_REQUEUE_BACKOFF_S` | `FleetSettings` |
+
+A URL is only ever shown with its password masked (`lousho.redaction.redact_url`): in errors, logs
+and `repr()` (issue #21).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from lousho.errors import ConfigurationError
+from lousho.redaction import redact_url
 
 if TYPE_CHECKING:
     from lousho.scheduler.client import Client
     from lousho.stores.redis import RedisStore
     from lousho.worker.config import FleetSettings
 
-__all__ = ["LoushoSettings", "store_from_url"]
+__all__ = ["ChildEnv", "LoushoSettings", "store_from_url"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+_URL_FIELDS = ("redis_url", "store_url")
+
+
+class ChildEnv(dict[str, str]):
+    """Environment variables for a child process: the real values (passwords included), but shown
+    (`repr`, `str`, a log line) with every URL's password masked (issue #21)."""
+
+    def __repr__(self) -> str:
+        return repr({name: redact_url(value) if name.endswith("_URL") else value for name, value in self.items()})
+
+    __str__ = __repr__
 
 
 class LoushoSettings(BaseSettings):
@@ -49,8 +65,16 @@ class LoushoSettings(BaseSettings):
         """A copy with the given (non-None) values replaced: how flags win over the environment."""
         return self.model_copy(update={k: v for k, v in values.items() if v is not None})
 
-    def env(self) -> dict[str, str]:
-        """Environment variables that carry these settings to a child process (a worker's app module)."""
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """`repr()` and `str()` show that a URL is set and which one, never its password (issue #21)."""
+        for name, value in super().__repr_args__():
+            yield name, redact_url(value) if name in _URL_FIELDS and isinstance(value, str) else value
+
+    def env(self) -> ChildEnv:
+        """Environment variables that carry these settings to a child process (a worker's app module).
+
+        The values are real, passwords included: a child must be able to connect. Only hand them to a
+        process; printing or logging the mapping itself shows the URLs redacted (`ChildEnv`)."""
         env = {
             "LOUSHO_PREFIX": self.prefix,
             "LOUSHO_QUEUE": self.queue,
@@ -63,7 +87,7 @@ class LoushoSettings(BaseSettings):
             env["LOUSHO_REDIS_URL"] = self.redis_url
         if self.app:
             env["LOUSHO_APP"] = self.app
-        return env
+        return ChildEnv(env)
 
     def require_redis_url(self) -> str:
         """The fleet's Redis: `redis_url`, else a Redis `store_url`."""
@@ -103,7 +127,7 @@ class LoushoSettings(BaseSettings):
 
         if self.store_url and not self.store_url.startswith(_REDIS_SCHEMES):
             raise ConfigurationError(
-                f"the fleet needs a Redis store, but LOUSHO_STORE_URL is {self.store_url!r}; "
+                f"the fleet needs a Redis store, but LOUSHO_STORE_URL is {redact_url(self.store_url)!r}; "
                 "unset it (the fleet's Redis is used) or point it at a redis:// URL"
             )
         return RedisStore(self.store_url or self.require_redis_url(), prefix=self.prefix)
@@ -140,5 +164,5 @@ def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:
 
         return FileStore(url[len("file://") :] or ".")
     raise ConfigurationError(
-        f"unknown store URL {url!r}: use redis://host:port/db, sqlite:///path.db, postgresql://user@host/db or file:///dir"
+        f"unknown store URL {redact_url(url)!r}: use redis://host:port/db, sqlite:///path.db, postgresql://user@host/db or file:///dir"
     )

@@ -18,6 +18,7 @@ import redis
 from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
+from lousho.redaction import redact_secrets, redact_url, url_secrets
 
 __all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
 
@@ -88,8 +89,11 @@ def connect(url: str, **options: Any) -> redis.Redis:
     options.setdefault("health_check_interval", 30)
     try:
         return redis.Redis.from_url(url, **options)
-    except ValueError as exc:
-        raise ConfigurationError(f"not a Redis URL: {exc} (expected redis://, rediss:// or unix://)") from None
+    except ValueError as exc:  # its message may quote a piece of a password urllib took for a port
+        raise ConfigurationError(
+            f"not a Redis URL: {redact_url(url)!r}: {redact_secrets(str(exc), *url_secrets(url))} "
+            "(expected redis://, rediss:// or unix://)"
+        ) from None
 
 
 def describe(client: Any) -> str:
@@ -104,12 +108,11 @@ def describe(client: Any) -> str:
 
 
 def _scrub(message: str, client: Any) -> str:
-    """Remove the client's password (and user) from a driver message, should one ever carry it."""
+    """Remove the client's password from a driver message, should one ever carry it (not the user
+    name: it is no secret, and masking a short one garbled messages, 'Connection ref***sed')."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {}) or {}
-    for secret in (kwargs.get("password"), kwargs.get("username")):
-        if isinstance(secret, str) and secret:
-            message = message.replace(secret, "***")
-    return message
+    password = kwargs.get("password")
+    return redact_secrets(message, password if isinstance(password, str) else None)
 
 
 @contextlib.contextmanager
