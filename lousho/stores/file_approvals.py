@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.file_folder import Folder, atomic_write, file_name, read_file
 
@@ -31,6 +31,7 @@ class FileApprovalStore:
         return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         with self._folder.locked(f"approval-{file_name(approval_id)}"):
             snapshot = self.load(approval_id)
             if snapshot is None:

@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.messages import Message
@@ -128,6 +128,7 @@ class MemoryApprovalStore:
         return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         with self._lock:
             snapshot = self.load(approval_id)
             if snapshot is None:

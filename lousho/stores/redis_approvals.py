@@ -17,7 +17,7 @@ from typing import cast
 
 import redis
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
 
@@ -48,6 +48,7 @@ class RedisApprovalStore:
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
         """Move a pending approval to approved/rejected; a second decision raises, whoever made it."""
+        parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
 
         def change(snapshot: ApprovalSnapshot) -> ApprovalSnapshot:
             if snapshot.status != "pending":

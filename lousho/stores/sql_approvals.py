@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, utc_now
+from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.sql_database import SqlDatabase
 
@@ -39,6 +39,7 @@ class SqlApprovalStore:
         return None if found is None else decode_snapshot(approval_id, found)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+        parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         table = self._db.approvals
         with self._db.write() as conn:
             snapshot = self._load(conn, approval_id)

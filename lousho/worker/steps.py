@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, cast
+from typing import Any
 
 from lousho.abort import AbortSignal, RunAborted
 from lousho.approvals import ApprovalSnapshot, utc_now
@@ -38,12 +38,12 @@ from lousho.engine import (
     plan_tool_call,
     record_tool_result,
 )
-from lousho.errors import CheckpointConflictError, PropagatingToolError
+from lousho.errors import CheckpointConflictError, PropagatingToolError, SessionSupersededError
+from lousho.inputs import start_session
 from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
 from lousho.stores.redis_checkpoints import SaveSkipped
-from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
@@ -68,17 +68,17 @@ def tool_turn(checkpoint: Checkpoint) -> int:
 
 
 def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:
-    """An accepted record (written by `Client.enqueue`, which has no agent code) gets its system prompt."""
+    """An accepted record (written by `Client.enqueue`, which has no agent code) gets its system prompt,
+    by the rule of a new session in process (`start_session`: one opening transcript, issue #21)."""
     if checkpoint.messages or not checkpoint.pending_input:
         return checkpoint
-    system = [checkpoint.pending_input[0].system(instructions)] if instructions else []
-    user = [m for m in checkpoint.pending_input if m.role != "system"]
+    start = start_session(checkpoint.session_id, instructions, checkpoint.pending_input, checkpoint.business_state)
     return checkpoint.model_copy(
         update={
-            "messages": [*system, *user],
+            "messages": start.messages,
             "pending_input": [],
-            "run_start": len(system),
-            "run_input_count": len(user),
+            "run_start": start.run_start,
+            "run_input_count": start.run_input_count,
         }
     )
 
@@ -95,6 +95,8 @@ class SessionSteps:
         self.signal = AbortSignal()
         self.abort_flag = False
         """The session's abort flag as the step read it when it took its lease."""
+        self.epoch = ""
+        """The session's incarnation as the step read it (lua/epoch.lua): every write checks it."""
         self.step_end = StepEnd(runtime, session_id)
         """What the step's end must do (`ending.py`)."""
 
@@ -124,12 +126,13 @@ class SessionSteps:
     def commit_result(self, checkpoint: Checkpoint, call_id: str, result: Any) -> bool:
         """Commit a call's one result: the first writer wins, later ones are dropped."""
         field = result_field(tool_turn(checkpoint), call_id)
-        with redis_errors(self.client, f"commit the result of call {field!r} of session {self.session_id!r}"):
-            return bool(self.client.hsetnx(self.keys.results(self.session_id), field, json.dumps(result, default=str)))
+        return self.scripts.commit_result(self.session_id, self.epoch, field, json.dumps(result, default=str))
 
     def count_attempt(self, what: str, by: int = 1) -> int:
-        with redis_errors(self.client, f"count a start of {what!r} of session {self.session_id!r}"):
-            return int(cast(int, self.client.hincrby(self.keys.attempts(self.session_id), what, by)))
+        counted = self.scripts.count(self.session_id, self.epoch, what, by)
+        if counted < 0 and by > 0:
+            raise SessionSupersededError(self.session_id, f"a start of {what!r}")
+        return counted
 
     def aborted(self) -> bool:
         """The session's abort flag, as the step read it with its lease, or as the heartbeat saw it since."""
@@ -137,10 +140,8 @@ class SessionSteps:
 
     def park(self, reason: str) -> None:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
-        log.error("parking session %s: %s", self.session_id, reason)
-        with redis_errors(self.client, f"park session {self.session_id!r}"):
-            self.client.hset(self.keys.parked, self.session_id, reason)
-        self.runtime.store.checkpoints.drop_inflight(self.session_id)
+        if self.scripts.park(self.session_id, self.epoch, reason):
+            log.error("parked session %s: %s", self.session_id, reason)
 
     # -- advance -----------------------------------------------------------------------
 
@@ -163,6 +164,7 @@ class SessionSteps:
             self.step_end.finish(lease)
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
+        self.epoch = self.step_end.epoch = begun.epoch
         if begun.checkpoint is None:
             return "unknown-session"
         if begun.parked:
@@ -284,6 +286,7 @@ class SessionSteps:
                 return "unknown-session"
             if begun.parked:
                 return "parked"
+            self.epoch = self.step_end.epoch = begun.epoch
             if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
                 return "nothing-to-fold"
             self.abort_flag = begun.aborted
