@@ -21,6 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
+from lousho.redaction import redact_secrets, redact_url, url_secrets
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
 
@@ -126,11 +127,16 @@ class SqlDatabase:
         if sqlite_synchronous.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ConfigurationError(f"sqlite_synchronous must be NORMAL, FULL or EXTRA, not {sqlite_synchronous!r}")
         self.sqlite_synchronous = sqlite_synchronous.upper()
+        # Shown and scrubbed from the URL as written: SQLAlchemy's own rendering keeps `?password=` and
+        # reads `u:p@ss@host` as password `p` on host `ss@host` (issue #21).
+        written = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+        self.label, self._secrets = redact_url(written), url_secrets(written)
         try:
             self.url = sa.make_url(url)
-        except exc.ArgumentError:  # its message repeats the URL, password included
-            raise ConfigurationError("not a database URL: use dialect+driver://user:password@host/database") from None
-        self.label = self.url.render_as_string(hide_password=True)
+        except (exc.ArgumentError, ValueError):  # its message repeats the URL, password included
+            raise ConfigurationError(
+                f"not a database URL: {self.label} (use dialect+driver://user:password@host/database)"
+            ) from None
         self.schema = schema
         self.meta, self.checkpoints, self.history, self.approvals, self.messages = tables(schema)
         self.engine = self._create_engine(dict(engine_kwargs or {}))
@@ -162,8 +168,7 @@ class SqlDatabase:
         except exc.SQLAlchemyError as error:
             orig = getattr(error, "orig", None)
             detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
-            if self.url.password:
-                detail = detail.replace(str(self.url.password), "***")
+            detail = redact_secrets(detail, *self._secrets)
             raise StoreUnavailableError(
                 f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
             ) from error
