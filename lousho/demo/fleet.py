@@ -33,6 +33,7 @@ from lousho.cli_render import console as default_console
 from lousho.cli_render import history_table, sessions_table, short, transcript_table
 from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
+from lousho.redaction import redact_url
 from lousho.scheduler import Client, SessionStatus, reap_once
 from lousho.settings import LoushoSettings
 from lousho.testing.redis_server import private_redis
@@ -317,7 +318,7 @@ class FleetDemo:
     def run(self, timeout_s: float) -> DemoOutcome:
         console = self.console
         console.print(
-            f"[bold]lousho fleet demo[/]: Redis {'at ' + str(self.settings.redis_url) if self.shared else '(a private redis-server)'}, "
+            f"[bold]lousho fleet demo[/]: Redis {'at ' + redact_url(str(self.settings.redis_url)) if self.shared else '(a private redis-server)'}, "
             f"key prefix {self.settings.prefix}"
         )
         self.start_workers(["w1", "w2"])
@@ -400,7 +401,7 @@ class FleetDemo:
         from lousho.cli_sessions import session_rows
 
         console = self.console
-        env = f"LOUSHO_REDIS_URL={self.settings.redis_url} LOUSHO_PREFIX={self.settings.prefix}"
+        env = f"LOUSHO_REDIS_URL={redact_url(str(self.settings.redis_url))} LOUSHO_PREFIX={self.settings.prefix}"
         console.print("[bold]How to look at it[/]")
         if self.shared:
             console.print(f"  {env} lousho sessions\n  {env} lousho history {session}\n  {env} lousho show {session}")
