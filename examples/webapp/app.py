@@ -18,11 +18,13 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, StrictBool
 
 from lousho.errors import (
     ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
+    InvalidDecisionError,
+    InvalidInputError,
     InvalidSessionIdError,
     SDKError,
     SessionAwaitingApprovalError,
@@ -54,7 +56,8 @@ class ApprovalOut(BaseModel):
 
 
 class DecisionIn(BaseModel):
-    approved: bool
+    approved: StrictBool
+    """JSON true or false: "yes", 1 or "false" get a 422, never a decision nobody made (issue #21)."""
     note: str | None = None
 
 
@@ -69,6 +72,8 @@ _STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
     (ApprovalAlreadyResolvedError, 409),
     (SessionAwaitingApprovalError, 409),
     (InvalidSessionIdError, 422),
+    (InvalidInputError, 422),
+    (InvalidDecisionError, 422),
     (StoreUnavailableError, 503),
 ]
 

@@ -4,9 +4,11 @@ is written to Redis or sent to the queue. The Client needs no worker to refuse, 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
+import redis
 
 from lousho import Checkpoint, InvalidDecisionError, Message, SDKError, ToolCall
 from lousho.errors import InvalidInputError
@@ -29,10 +31,14 @@ REFUSED_FOR_A_NEW_SESSION: list[Any] = [None, [], [{"role": "assistant", "conten
 LAX_DECISIONS: list[Any] = ["no", 0, "false", "off", "yes", 1, None, "maybe", 2]
 
 
-def everything(fleet: Fleet) -> dict[bytes, bytes | None]:
+def prefix_dump(client: redis.Redis, prefix: str, queue: str) -> dict[bytes, bytes | None]:
     """A DUMP of every key under the test's prefix, and the queue's length: all that a write or a send changes."""
-    keys = sorted(fleet.redis.scan_iter(match=f"{fleet.prefix}*", count=1000))
-    return {**{k: fleet.redis.dump(k) for k in keys}, b"queue length": str(fleet.redis.llen(fleet.queue)).encode()}
+    keys = sorted(client.scan_iter(match=re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*", count=1000))
+    return {**{k: client.dump(k) for k in keys}, b"queue length": str(client.llen(queue)).encode()}
+
+
+def everything(fleet: Fleet) -> dict[bytes, bytes | None]:
+    return prefix_dump(fleet.redis, fleet.prefix, fleet.queue)
 
 
 @pytest.mark.parametrize("bad", REFUSED_ANYWHERE + REFUSED_FOR_A_NEW_SESSION)
