@@ -89,5 +89,7 @@ def register(app: typer.Typer) -> None:
         client = settings_of(ctx).client()
         if client.checkpoint(session) is None:
             raise ConfigurationError(f"no session {session!r} in {client.store!r}")
-        client.abort(session)
+        if not client.abort(session):
+            typer.echo(f"{session} has no run to abort (it is finished, or unknown): nothing changed")
+            return
         typer.echo(f"aborted {session}: it stays in-progress and idle until new input or `lousho resume {session}`")

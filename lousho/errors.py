@@ -27,6 +27,7 @@ __all__ = [
     "SDKError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
+    "SessionSupersededError",
     "StoreUnavailableError",
 ]
 
@@ -145,6 +146,20 @@ class LeaseLostError(CheckpointConflictError):
         self.expected = expected
         self.found = None
         self.lease_key = lease_key
+
+
+class SessionSupersededError(SDKError):
+    """A fleet step's work for a session that was deleted, or deleted and created again under the
+    same id, while the step ran: it commits nothing and stands nothing down (issue #21)."""
+
+    code = "LOUSHO_SESSION_SUPERSEDED"
+
+    def __init__(self, session_id: str, what: str) -> None:
+        super().__init__(
+            f"session {session_id!r} was deleted or created anew while this worker ran its step; "
+            f"{what} belongs to the earlier run and was not written. Nothing to do: the new run goes on"
+        )
+        self.session_id = session_id
 
 
 class StoreUnavailableError(SDKError):

@@ -6,17 +6,20 @@ import uuid
 from typing import Any, Literal, cast
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 from pydantic import BaseModel
 
 from lousho.approvals import ApprovalSnapshot, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
-from lousho.errors import SessionAwaitingApprovalError
+from lousho.errors import SessionAwaitingApprovalError, StoreUnavailableError
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
+from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.worker.config import FleetSettings, celery_config
 from lousho.worker.dispatch import send_advance, send_model_turn
+from lousho.worker.keys import new_epoch
 from lousho.worker.runtime import FleetKeys
 from lousho.worker.steps import turn_number
 
@@ -71,17 +74,33 @@ class Client:
             checkpoint = continue_finished(stored, messages)
         if checkpoint is None:
             return session_id
+        if stored is None:
+            self._new_incarnation(session_id)
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
-        self._wake(session_id, checkpoint, new=stored is None)
+        try:
+            self._wake(session_id, checkpoint)
+        except OperationalError as exc:  # kombu's says neither which broker nor what became of the job
+            raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from exc
         return session_id
 
-    def _wake(self, session_id: str, checkpoint: Checkpoint, new: bool) -> None:
+    def _new_incarnation(self, session_id: str) -> None:
+        """A new session is a new incarnation (lua/epoch.lua, issue #21): a fresh epoch, and none of
+        the fleet state a deleted session of the same id left behind (its results, marks, poison
+        counts, its lease). Work of that earlier run still under way then commits nothing, and its
+        fenced saves are refused: its lease is gone. One transaction, before the record is saved."""
+        keys = self.keys
+        with redis_errors(self.store.client, f"start a new incarnation of {session_id!r}"):
+            pipe = self.store.client.pipeline(transaction=True)
+            pipe.set(keys.epoch(session_id), new_epoch())
+            pipe.delete(keys.lease(session_id), keys.results(session_id), keys.dispatched(session_id))
+            pipe.delete(keys.attempts(session_id), keys.abort(session_id))
+            pipe.hdel(keys.parked, session_id)
+            pipe.execute()
+
+    def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
         client = self.store.client
-        # A new session starts with no fleet state: results or poison counts that a deleted session
-        # of the same id left behind must not count for this one's turns.
-        stale = [self.keys.results(session_id), self.keys.dispatched(session_id), self.keys.attempts(session_id)]
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
-            client.delete(self.keys.abort(session_id), *(stale if new else []))
+            client.delete(self.keys.abort(session_id))
             client.hdel(self.keys.parked, session_id)
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
             send_model_turn(self.app, session_id, turn_number(checkpoint))
@@ -106,7 +125,7 @@ class Client:
             approval_id=checkpoint.approval_id,
             text=text,
             parked_reason=parked.decode() if isinstance(parked, bytes) else parked,
-            aborted=aborted,
+            aborted=aborted and checkpoint.status != "finished",
         )
 
     def checkpoint(self, session_id: str) -> Checkpoint | None:
@@ -129,13 +148,27 @@ class Client:
     def approvals(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
         return self.store.approvals.pending(session_id)
 
-    def abort(self, session_id: str) -> None:
+    def abort(self, session_id: str) -> bool:
         """Stop the run: running tools see their `ctx.signal`; unfinished calls get 'cancelled'.
-        The session stays 'in-progress' and idle until new input (`enqueue`) or `resume`."""
-        validate_session_id(session_id)
+        The session stays 'in-progress' and idle until new input (`enqueue`) or `resume`.
+
+        False, and nothing written, when there is no run to stop: the session is finished or
+        unknown (a flag left on a finished session would mark its next run aborted: issue #21)."""
+        if not self._unfinished(session_id):
+            return False
+        flag = self.keys.abort(session_id)
         with redis_errors(self.store.client, f"set the abort flag of {session_id!r}"):
-            self.store.client.set(self.keys.abort(session_id), "1")
+            self.store.client.set(flag, "1")
+        if not self._unfinished(session_id):  # it finished meanwhile: take the flag back
+            with redis_errors(self.store.client, f"clear the abort flag of {session_id!r}"):
+                self.store.client.delete(flag)
+            return False
         send_advance(self.app, session_id, "abort")
+        return True
+
+    def _unfinished(self, session_id: str) -> bool:
+        checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
+        return checkpoint is not None and checkpoint.status != "finished"
 
     def resume(self, session_id: str) -> None:
         """Continue a parked or aborted session by hand (its poison counters start over)."""
@@ -154,3 +187,12 @@ class Client:
                 names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
             return sorted(k.decode() if isinstance(k, bytes) else k for k in names)
         return self.store.checkpoints.sessions(status)
+
+
+def _broker_refused(broker: str, session_id: str, exc: Exception) -> StoreUnavailableError:
+    """The error of a message the broker did not take (a wrong password, say), its URL redacted (issue #21)."""
+    return StoreUnavailableError(
+        f"the broker at {redact_url(broker)} did not take the message of session {session_id!r}: "
+        f"{redact_secrets(str(exc), *url_secrets(broker))}. The session is saved: the reaper sends it to the "
+        "fleet once the broker takes messages again (check the broker's address and password)"
+    )

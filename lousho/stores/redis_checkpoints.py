@@ -263,6 +263,7 @@ class RedisCheckpointStore:
         with redis_errors(self.client, f"delete session {session_id!r}"):
             pipe = self.client.pipeline(transaction=True)
             pipe.delete(head) if keep_history else pipe.delete(head, messages, history)
+            pipe.delete(*self.keys.run_keys(session_id))
             pipe.zrem(self.keys.inflight, session_id)
             pipe.execute()
         self._cache.drop(session_id)

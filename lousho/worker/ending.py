@@ -68,6 +68,8 @@ class StepEnd:
         """The checkpoint the step leaves has no pending call: drop the turn's results and marks."""
         self.fenced: FencedCheckpoints | None = None
         """The step's checkpoint store (the run's), whose next save may carry the end."""
+        self.epoch = ""
+        """The session's incarnation the step works for (lua/epoch.lua)."""
         self._ending: Ending | None = None
 
     @property
@@ -117,7 +119,7 @@ class StepEnd:
         next_message = ""
         if direct and self.next_turn is not None:
             next_message = outbox.encode(model_turn_task(self.session_id, self.next_turn))
-        return Ending(outbox.queue_key, self.turn_complete, self.redispatch, calls, next_message)
+        return Ending(outbox.queue_key, self.epoch, self.turn_complete, self.redispatch, calls, next_message)
 
     def finish(self, lease: Lease) -> None:
         """End the step (unless its last save did), then send what the script did not push."""

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from lousho.stores.redis import RedisStore
 
-__all__ = ["FleetKeys", "result_field"]
+__all__ = ["FleetKeys", "new_epoch", "result_field"]
+
+
+def new_epoch() -> str:
+    """A fresh incarnation id for a session (lua/epoch.lua, issue #21)."""
+    return uuid.uuid4().hex[:16]
 
 
 def result_field(turn: int, call_id: str) -> str:
@@ -45,14 +51,10 @@ class FleetKeys:
     def abort(self, session_id: str) -> str:
         return self.store.keys.session_key(session_id, "abort")
 
-    def all_of(self, session_id: str) -> list[str]:
-        return [
-            self.lease(session_id),
-            self.results(session_id),
-            self.dispatched(session_id),
-            self.attempts(session_id),
-            self.abort(session_id),
-        ]
+    def epoch(self, session_id: str) -> str:
+        """The session's incarnation (lua/epoch.lua): set anew when `Client.enqueue` creates the
+        session, so work of a deleted session of the same id commits nothing (issue #21)."""
+        return self.store.keys.session_key(session_id, "epoch")
 
     @property
     def parked(self) -> str:

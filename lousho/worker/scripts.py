@@ -17,12 +17,12 @@ from typing import Any, cast
 import redis
 
 from lousho.checkpoint import Checkpoint
-from lousho.errors import CorruptCheckpointError
+from lousho.errors import CorruptCheckpointError, SessionSupersededError
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.segments import Known
-from lousho.worker.keys import FleetKeys
+from lousho.worker.keys import FleetKeys, new_epoch
 from lousho.worker.leases import Lease
 
 __all__ = ["Begun", "CallBegun", "Ending", "FleetScripts", "sends", "turn_results"]
@@ -50,6 +50,8 @@ class Begun:
     results: dict[str, bytes]
     """The committed results hash, field -> JSON (`turn_results` picks one turn's)."""
     checkpoint: Checkpoint | None
+    epoch: str
+    """The session's incarnation (epoch.lua): every later write of the step checks it is still this."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class Ending:
 
     queue_key: str
     """The broker's queue list the messages go to (`Outbox.encode`)."""
+    epoch: str
+    """The incarnation the step worked for: if the session is another one now, the end only releases."""
     turn_complete: bool = False
     redispatch: bool = False
     calls: Sequence[tuple[str, str]] = ()
@@ -71,10 +75,12 @@ class CallBegun:
     """What a tool call's task read as it tried the call's lease (`begin_call`)."""
 
     state: int
-    """-1: the call's result is committed already; 0: someone else holds its lease; n: this is its
-    n-th start, and the lease is ours."""
+    """-2: the session has no checkpoint; -1: the call's result is committed already; 0: someone else
+    holds its lease; n: this is its n-th start, and the lease is ours."""
     aborted: bool
     checkpoint: Checkpoint | None
+    epoch: str
+    """The session's incarnation as the call began (epoch.lua)."""
 
 
 @dataclass
@@ -92,6 +98,7 @@ class FleetScripts:
         self._end = load_script(self.client, "lousho.worker:step_end")
         self._save_end = load_script(self.client, "lousho.worker:save_end")
         self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
+        self._guarded = load_script(self.client, "lousho.worker:guarded")
 
     def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
         """Take the session's lease and read the step's state; None when someone else holds it."""
@@ -115,37 +122,43 @@ class FleetScripts:
             self.keys.attempts(session_id),
             self.keys.abort(session_id),
             *self.store.checkpoints.read_keys(session_id),
+            self.keys.epoch(session_id),
         ]
-        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else ""]
+        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", new_epoch()]
         started = time.monotonic()
         with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
             reply = self._call_begin(keys=keys, args=args)
-        state = int(reply[0])
+        state, epoch = int(reply[0]), text(reply[3])
         lease.held, lease.confirmed_at = state > 0, started
+        if lease.held:  # the lease's token names the incarnation it is held for (call_begin.lua)
+            lease.token = f"{lease.token}@{epoch}"
         try:
             checkpoint = self.store.checkpoints.from_reply(session_id, reply[2], known)
         except CorruptCheckpointError:
-            self.undo_call(session_id, field, lease)
+            self.undo_call(session_id, field, lease, epoch)
             raise
-        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint)
+        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint, epoch=epoch)
 
-    def undo_call(self, session_id: str, field: str, lease: Lease) -> None:
+    def undo_call(self, session_id: str, field: str, lease: Lease, epoch: str) -> None:
         """Take back `begin_call` (the call does not run after all: recorded, stale, not approved)."""
         if lease.held:
-            self._uncount(session_id, f"call:{field}")
+            self.count(session_id, epoch, f"call:{field}", -1)
             lease.release()
 
     def commit_call(
-        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease
+        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, epoch: str
     ) -> Begun | None:
-        """Commit the call's result (first writer wins), release its lease, then `begin_step`."""
+        """Commit the call's result (first writer wins), release its lease, then `begin_step`.
+        Raises `SessionSupersededError` when the session is another incarnation than `epoch` now."""
         keys, args, known = self._begin_parts(session_id, lease, "")
         commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:]]  # call_commit.lua's KEYS order
-        commit_args = [field, result_json, call_lease.token, *args]
+        commit_args = [field, result_json, call_lease.token, epoch, *args[:-1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply = self._commit(keys=commit_keys, args=commit_args)
         call_lease.held = False
+        if int(reply[0]) < 0:
+            raise SessionSupersededError(session_id, f"the result of call {field!r}")
         try:
             return self._begun(session_id, lease, reply, started, known)
         except CorruptCheckpointError:
@@ -185,22 +198,44 @@ class FleetScripts:
             call_lease.key,
             self.keys.parked,
             self.keys.abort(session_id),
+            self.keys.epoch(session_id),
         ]
-        args: list[str | int] = [field, result_json, call_lease.token, lease.ttl_ms, ending.next_message]
+        args: list[str | int] = [field, result_json, call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch]
         return AndThen(script=self._commit_fold, keys=keys, args=args)
 
+    def commit_result(self, session_id: str, epoch: str, field: str, result_json: str) -> bool:
+        """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""
+        keys = [self.keys.epoch(session_id), self.keys.results(session_id)]
+        with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
+            return int(self._guarded(keys=keys, args=[epoch, "commit", field, result_json])) == 1
+
+    def count(self, session_id: str, epoch: str, attempt_field: str, by: int = 1) -> int:
+        """Count `by` more starts of `attempt_field` (the field goes when it reaches 0); -1 when the
+        session is another incarnation than `epoch` now (nothing counted)."""
+        keys = [self.keys.epoch(session_id), self.keys.attempts(session_id)]
+        with redis_errors(self.client, f"count a start of {attempt_field!r} of session {session_id!r}"):
+            return int(self._guarded(keys=keys, args=[epoch, "count", attempt_field, by]))
+
+    def park(self, session_id: str, epoch: str, reason: str) -> bool:
+        """Mark the session parked and take it out of the in-flight index, if it is still `epoch`."""
+        keys = [self.keys.epoch(session_id), self.keys.parked, self.store.keys.inflight]
+        with redis_errors(self.client, f"park session {session_id!r}"):
+            return int(self._guarded(keys=keys, args=[epoch, "park", session_id, reason, session_id])) == 1
+
     def _end_parts(self, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
-        """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, a call lease
-        per call) and its args after the token (clear, redispatch, the next message, per call its
-        field and message)."""
+        """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, the epoch, a
+        call lease per call) and its args after the token (the epoch, clear, redispatch, the next
+        message, per call its field and message)."""
         keys = [
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
             ending.queue_key,
+            self.keys.epoch(session_id),
             *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field, _ in ending.calls),
         ]
         args: list[str | int] = [
+            ending.epoch,
             "1" if ending.turn_complete else "0",
             "1" if ending.redispatch else "0",
             ending.next_message,
@@ -220,23 +255,20 @@ class FleetScripts:
             self.keys.attempts(session_id),
             self.keys.results(session_id),
             *self.store.checkpoints.read_keys(session_id),
+            self.keys.epoch(session_id),
         ]
-        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else ""]
+        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else "", new_epoch()]
         return keys, args, known
 
     def _undo_begin(self, session_id: str, lease: Lease, attempt_field: str) -> None:
         """A damaged checkpoint is left exactly as it was, its session's keys included: the start
         counted with the lease is taken back (no turn started), and the lease released."""
         if attempt_field:
-            self._uncount(session_id, attempt_field)
+            key = self.keys.attempts(session_id)
+            with redis_errors(self.client, f"take back a start counted for {attempt_field!r} of {session_id!r}"):
+                if int(cast(int, self.client.hincrby(key, attempt_field, -1))) <= 0:
+                    self.client.hdel(key, attempt_field)
         lease.release()
-
-    def _uncount(self, session_id: str, attempt_field: str) -> None:
-        """One start fewer (the field goes when it reaches 0: the keys are as they were)."""
-        key = self.keys.attempts(session_id)
-        with redis_errors(self.client, f"take back a start counted for {attempt_field!r} of {session_id!r}"):
-            if int(cast(int, self.client.hincrby(key, attempt_field, -1))) <= 0:
-                self.client.hdel(key, attempt_field)
 
     def _begun(
         self, session_id: str, lease: Lease, reply: list[Any], started: float, known: Known | None
@@ -251,4 +283,5 @@ class FleetScripts:
             attempts=int(reply[3]),
             results={text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)},
             checkpoint=self.store.checkpoints.from_reply(session_id, reply[5], known),
+            epoch=text(reply[6]),
         )

@@ -7,7 +7,13 @@ import logging
 from typing import Any
 
 from lousho.checkpoint import validate_session_id
-from lousho.errors import AgentDriftError, CorruptCheckpointError, ResumeToolMissingError, SDKError
+from lousho.errors import (
+    AgentDriftError,
+    CorruptCheckpointError,
+    ResumeToolMissingError,
+    SDKError,
+    SessionSupersededError,
+)
 from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
 from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
@@ -34,6 +40,9 @@ def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
             steps.park(str(exc))
             raise
         return outcome
+    except SessionSupersededError as exc:  # the session was deleted or made anew meanwhile (issue #21)
+        log.warning("session %r: %s", str(session_id)[:200], exc)
+        return "superseded"
     except SDKError as exc:
         log.error("session %r: %s", str(session_id)[:200], exc)
         return f"error: {exc.code}"

@@ -41,14 +41,15 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     settings = steps.runtime.settings
     call_lease = Lease(steps.client, steps.keys.call_lease(steps.session_id, call_id), settings.lease_ttl_ms)
     begun = steps.scripts.begin_call(steps.session_id, field, call_lease)
+    steps.epoch = steps.step_end.epoch = begun.epoch
     if begun.checkpoint is None:
-        steps.scripts.undo_call(steps.session_id, field, call_lease)
+        steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
         return "unknown-session"
     checkpoint = begun.checkpoint
     pending = checkpoint.pending_tool_calls() if tool_turn(checkpoint) == turn else []
     call = next((c for c in pending if c.id == call_id), None)
     if call is None:
-        steps.scripts.undo_call(steps.session_id, field, call_lease)
+        steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
         return "recorded"
     if begun.state == 0:
         return "running-elsewhere"
@@ -59,7 +60,7 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
         run = await steps.make_run(checkpoint, call_lease)
         plan = await _plan(steps, run, checkpoint, call)
         if plan is None:
-            steps.scripts.undo_call(steps.session_id, field, call_lease)
+            steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
             return "waiting-for-approval"
         result = await _run_started(steps, run, plan, call_lease, begun.state)
     except PropagatingToolError as exc:
@@ -114,7 +115,7 @@ async def fold_when_free(steps: SessionSteps, commit: tuple[str, str, Lease] | N
     deadline = time.monotonic() + steps.runtime.settings.lock_wait_s
     lease = steps.session_lease()
     if commit is not None:
-        begun = steps.scripts.commit_call(steps.session_id, commit[0], commit[1], commit[2], lease)
+        begun = steps.scripts.commit_call(steps.session_id, commit[0], commit[1], commit[2], lease, steps.epoch)
     else:
         begun = steps.scripts.begin_step(steps.session_id, lease)
     while begun is None:

@@ -1,13 +1,15 @@
 -- After a tool call ran: commit its result (the first writer wins), release the call's lease,
--- then try the session's lease to fold the result in (begin_step), all in one round trip.
+-- then try the session's lease to fold the result in (begin_step), all in one round trip. Only
+-- while the session is still the incarnation the call ran for (epoch.lua): otherwise nothing.
 --
 -- needs: lousho.worker:begin_step
--- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs
--- ARGV: 1 the call's field, 2 result JSON, 3 call lease token, then as step_begin.lua:
---       4 token, 5 ttl ms, 6 session id, 7 attempts field, 8 known writer id
--- Reply: begin_step's
-redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+-- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs, 9 epoch
+-- ARGV: 1 the call's field, 2 result JSON, 3 call lease token, 4 the call's epoch, then as
+--       step_begin.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id
+-- Reply: {-1} when the session is another incarnation now | begin_step's
 if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+if not same_epoch(KEYS[9], ARGV[4]) then return {-1} end
+redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 local k = {results = KEYS[1], lease = KEYS[3], parked = KEYS[4], abort = KEYS[5], attempts = KEYS[6],
-  head = KEYS[7], msgs = KEYS[8]}
-return begin_step(k, ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+  head = KEYS[7], msgs = KEYS[8], epoch = KEYS[9]}
+return begin_step(k, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], '')

@@ -3,19 +3,23 @@
 -- round trip (issue #9). The fold was made from the checkpoint read before the call ran: if the
 -- session moved since (another result, new input), the save's version check refuses it and the
 -- worker folds the usual way. So does anything else that needs a look: a lease held by someone
--- else, another result committed first, the session parked or aborted.
+-- else, another result committed first, the session parked, aborted, or another incarnation now.
 --
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
---       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort
+--       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort, 13 epoch
 -- ARGV: save_checkpoint's (9: the session id; 10: the token to take the session's lease with; 11
 --       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms,
---       the next model turn's message ('' = the worker sends it)
+--       the next model turn's message ('' = the worker sends it), the call's epoch
 -- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
 --        {save reply, end_step's reply}
 local own = 12 + tonumber(ARGV[11])
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
-local next_message = ARGV[own + 4]
+local next_message, epoch = ARGV[own + 4], ARGV[own + 5]
+if not same_epoch(KEYS[13], epoch) then
+  if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
+  return {{'skipped', 'the session is another incarnation now'}}
+end
 redis.call('HSETNX', KEYS[7], field, result)
 if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
 if redis.call('HGET', KEYS[7], field) ~= result then return {{'skipped', 'another result was committed first'}} end
@@ -29,5 +33,6 @@ if saved[1] ~= 'ok' and saved[1] ~= 'done' then
   redis.call('DEL', KEYS[5])
   return {saved}
 end
-local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9]}
-return {saved, end_step(k, ARGV[10], '1', {}, '0', next_message)}
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
+  epoch = KEYS[13]}
+return {saved, end_step(k, ARGV[10], epoch, '1', {}, '0', next_message)}

@@ -3,16 +3,18 @@
 --
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
---       9 the broker's queue, then one call lease per call
+--       9 the broker's queue, 10 epoch, then one call lease per call
 -- ARGV: save_checkpoint's (its 10 is the lease token; 11 counts its messages), then as step_end.lua
---       from its 2: clear, redispatch, the next model turn's message, per call its field and message
+--       from its 2: the step's epoch, clear, redispatch, the next model turn's message, per call its
+--       field and message
 -- Reply: {save reply} when the save refused, else {save reply, end_step's reply}
 local saved = save_checkpoint()
 if saved[1] ~= 'ok' and saved[1] ~= 'done' then return {saved} end
 local own = 12 + tonumber(ARGV[11])
 local calls = {}
-for i = own + 3, #ARGV, 2 do
-  calls[#calls + 1] = {ARGV[i], KEYS[9 + #calls + 1], ARGV[i + 1]}
+for i = own + 4, #ARGV, 2 do
+  calls[#calls + 1] = {ARGV[i], KEYS[10 + #calls + 1], ARGV[i + 1]}
 end
-local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9]}
-return {saved, end_step(k, ARGV[10], ARGV[own], calls, ARGV[own + 1], ARGV[own + 2])}
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
+  epoch = KEYS[10]}
+return {saved, end_step(k, ARGV[10], ARGV[own], ARGV[own + 1], calls, ARGV[own + 2], ARGV[own + 3])}

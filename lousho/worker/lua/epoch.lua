@@ -1,0 +1,27 @@
+-- A session's incarnation (issue #21): an epoch set when the session is created and read, with the
+-- checkpoint, by every step's first script. Every later write of that step checks it is still the
+-- session's: work of an earlier incarnation (a session deleted and enqueued again under the same
+-- id while a worker still ran its old step) commits nothing and stands nothing down.
+-- A library: the worker's scripts call it.
+--
+-- session_epoch(key, head, proposed): the session's epoch; a session stored without one (made in
+-- process, or before epochs) gets `proposed`, and one that has no checkpoint gets none ('').
+-- same_epoch(key, epoch): whether `epoch` is still the session's.
+-- stale_lease(key, epoch): whether the lease at `key` is held for another incarnation (its token
+-- ends in '@<epoch>'), so the current incarnation may take it over.
+local function session_epoch(key, head, proposed)
+  local epoch = redis.call('GET', key)
+  if epoch then return epoch end
+  if proposed == '' or redis.call('EXISTS', head) == 0 then return '' end
+  redis.call('SET', key, proposed)
+  return proposed
+end
+
+local function same_epoch(key, epoch)
+  return epoch ~= '' and redis.call('GET', key) == epoch
+end
+
+local function stale_lease(key, epoch)
+  local holder = redis.call('GET', key)
+  return holder ~= false and string.sub(holder, -(#epoch + 1)) ~= '@' .. epoch
+end
