@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from lousho.approvals import ApprovalSnapshot, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
-from lousho.errors import SessionAwaitingApprovalError, StoreUnavailableError
+from lousho.errors import ConfigurationError, SDKError, SessionAwaitingApprovalError, StoreUnavailableError
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.redis import RedisStore
@@ -79,8 +79,10 @@ class Client:
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
         try:
             self._wake(session_id, checkpoint)
-        except OperationalError as exc:  # kombu's says neither which broker nor what became of the job
-            raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from exc
+        except SDKError:
+            raise
+        except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
+            raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from None
         return session_id
 
     def _new_incarnation(self, session_id: str) -> None:
@@ -189,10 +191,14 @@ class Client:
         return self.store.checkpoints.sessions(status)
 
 
-def _broker_refused(broker: str, session_id: str, exc: Exception) -> StoreUnavailableError:
-    """The error of a message the broker did not take (a wrong password, say), its URL redacted (issue #21)."""
-    return StoreUnavailableError(
-        f"the broker at {redact_url(broker)} did not take the message of session {session_id!r}: "
-        f"{redact_secrets(str(exc), *url_secrets(broker))}. The session is saved: the reaper sends it to the "
-        "fleet once the broker takes messages again (check the broker's address and password)"
+def _broker_refused(broker: str, session_id: str, exc: Exception) -> SDKError:
+    """The error of a message the broker did not take (a wrong password, a URL kombu cannot read): kombu's
+    own says neither which broker nor what became of the job, and may quote a piece of the password
+    (issue #21). Raised `from None`: the chained original would show that piece in a logged traceback."""
+    detail = redact_secrets(str(exc), *url_secrets(broker)).rstrip(". ")
+    error = ConfigurationError if isinstance(exc, ValueError) else StoreUnavailableError
+    return error(
+        f"the broker at {redact_url(broker)} did not take the message of session {session_id!r}: {detail}. "
+        "The session is saved: the reaper sends it to the fleet once the broker takes messages again "
+        "(check the broker's URL, address and password)"
     )
