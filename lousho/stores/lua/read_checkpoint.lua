@@ -11,6 +11,12 @@
 -- bytes, not the transcript) | {'head', head, message...}: the head and the messages its
 -- segments name, in transcript order. A plain checkpoint JSON (no store header) comes back
 -- alone; the caller reads its inline messages and reports damage.
+--
+-- 'known' only when the list still holds what the head's writers sent: the messages' chained
+-- digest must equal the head's `h` (issue #21: a warm cache must not hide a damaged message).
+-- Otherwise (a message changed, a head without `h`) the messages are sent, and the caller reads
+-- them as a process without the cache would: damage raises there. The check costs a SHA-1 of
+-- the transcript on the server, never a round trip nor the transcript's bytes on the wire.
 local function read_checkpoint(cp, msgs, known)
   local kind = redis.call('TYPE', cp)['ok']
   if kind == 'none' then return {'none'} end
@@ -26,11 +32,14 @@ local function read_checkpoint(cp, msgs, known)
   end
   local problem = segments_problem(meta.s, redis.call('LLEN', msgs))
   if problem then return {'corrupt', problem} end
-  if known ~= '' and meta.w == known then return {'known', head} end
   local reply = {'head', head}
   for _, seg in ipairs(meta.s) do
     local part = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
     for _, message in ipairs(part) do reply[#reply + 1] = message end
+  end
+  if known ~= '' and meta.w == known and type(meta.h) == 'string'
+    and chain_digest('', reply, 3, #reply) == meta.h then
+    return {'known', head}
   end
   return reply
 end

@@ -11,6 +11,8 @@
 --       6 history limit, 7 ttl ms (0 = none), 8 in-flight deadline ms (>0 add, 0 remove, -1 leave),
 --       9 session id (the in-flight member), 10 the lease token the writer holds ('' = not fenced),
 --       11 how many messages follow, 12.. the messages to append
+-- The head it writes: {"$store":{"f":1,"v":version,"w":writer id,"t":ms,"s":segments,"h":digest},...},
+-- `h` the chained digest of the transcript's messages as sent (segments.lua: chain_digest).
 --
 -- Redis never rolls a script back: every check runs before the first write, so a
 -- script that refuses (stale version, damaged head, a key of the wrong type) has
@@ -18,7 +20,8 @@
 --
 -- Replies: {'ok', ms} | {'done'} (this very save was applied before: a client retry)
 --          | {'conflict', stored version or -1} | {'fenced'} (the lease is not the writer's)
---          | {'resync'} | {'corrupt', problem}
+--          | {'resync'} (send the whole transcript: the stored head is not the writer's, or the
+--            new transcript drops some of it, or it has no digest) | {'corrupt', problem}
 local function save_checkpoint()
   if redis.replicate_commands then redis.replicate_commands() end
   local cp, msgs, hist, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -84,6 +87,12 @@ local function save_checkpoint()
     return matched
   end
 
+  local function transcript_length(segs)
+    local count = 0
+    for _, seg in ipairs(segs) do count = count + seg[2] end
+    return count
+  end
+
   local function encode_segments(segs)
     local parts = {}
     for i, seg in ipairs(segs) do parts[i] = string.format('[%d,%d]', seg[1], seg[2]) end
@@ -123,6 +132,19 @@ local function save_checkpoint()
   end
   local segs = kept_segments(stored.s, keep)
   if not segs then return {'resync'} end
+  -- The new head's digest `h` (read_checkpoint.lua checks the list against it): on a full write,
+  -- of the sent transcript (its kept part equals the stored one byte for byte); on an incremental
+  -- one, the stored `h` extended by the new messages, so only when the new transcript keeps the
+  -- whole stored one and the stored head has `h`. Never hashed from the stored list: a digest of a
+  -- damaged message would vouch for it (issue #21). A resync sends the whole transcript instead.
+  local digest
+  if expected_wid == '' then
+    digest = chain_digest('', ARGV, FIRST, LAST)
+  elseif type(stored.h) ~= 'string' or keep ~= transcript_length(stored.s) then
+    return {'resync'}
+  else
+    digest = chain_digest(stored.h, ARGV, FIRST, LAST)
+  end
 
   -- Writes.
   local count = LAST - first_new + 1
@@ -136,8 +158,8 @@ local function save_checkpoint()
   end
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local record = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s},', new_version, wid, now_ms,
-    encode_segments(segs)) .. string.sub(body, 2)
+  local record = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s,"h":"%s"},', new_version, wid,
+    now_ms, encode_segments(segs), digest) .. string.sub(body, 2)
   redis.call('SET', cp, record)
   if history_limit > 0 then
     redis.call('LPUSH', hist, record)

@@ -12,3 +12,13 @@ local function segments_problem(segs, list_length)
   end
   return nil
 end
+
+-- chain_digest(digest, messages, first, last): `digest` extended by messages[first..last], one
+-- SHA-1 per message (sha1(digest .. message)), so a save extends its head's digest `h` by its new
+-- messages alone and a reader recomputes it from the list. '' is the digest of no message.
+-- Issue #21: a process that holds a session's transcript reads back only the head; the digest
+-- lets read_checkpoint see, on the server, that the list still holds what the head's writers sent.
+local function chain_digest(digest, messages, first, last)
+  for i = first, last do digest = redis.sha1hex(digest .. messages[i]) end
+  return digest
+end
