@@ -143,6 +143,10 @@ class LoushoSettings(BaseSettings):
 def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:
     """A store bundle for a URL: redis:// or unix:// -> RedisStore, sqlite:///path -> SqliteStore,
     postgresql://... -> SqlStore, file:///dir -> FileStore."""
+    if url.startswith(("sqlite:", "file:")) and redact_url(url) != url:  # it would become part of a path, and show
+        raise ConfigurationError(
+            f"the store URL {redact_url(url)!r} names a file or folder: it takes no user or password"
+        )
     if url.startswith(_REDIS_SCHEMES):
         from lousho.stores.redis import RedisStore
 

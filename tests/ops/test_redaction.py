@@ -143,6 +143,8 @@ def test_settings_show_their_urls_redacted_and_still_hand_the_real_ones_to_a_chi
 def test_no_error_of_the_library_shows_a_password() -> None:
     cases: list[tuple[Callable[[], Any], type[SDKError], str]] = [
         (lambda: store_from_url(f"mysql://u:{SECRET}@db.example/app"), ConfigurationError, "db.example"),
+        (lambda: store_from_url(f"file://u:{SECRET}@files.example/runs"), ConfigurationError, "files.example/runs"),
+        (lambda: store_from_url(f"sqlite:///runs.db?password={SECRET}"), ConfigurationError, "runs.db?password=***"),
         (lambda: LoushoSettings(store_url=f"postgresql://u:{SECRET}@db.example/app").redis_store(), ConfigurationError, "db.example"),
         (lambda: RedisStore(f"redis://:{SECRET}/0@cache.example/0"), ConfigurationError, "cache.example"),
         (lambda: RedisStore(f"redis://:{SECRET}@127.0.0.1:1/0").checkpoints.load("s"), StoreUnavailableError, "127.0.0.1:1"),
