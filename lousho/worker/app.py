@@ -21,7 +21,9 @@ from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.config import FleetSettings, celery_config
 from lousho.worker.runtime import FleetRuntime
+from lousho.worker.shutdown import watch_shutdown
 from lousho.worker.tasks import register_tasks
+from lousho.worker.transport import AMQP
 
 __all__ = ["create_app"]
 
@@ -49,9 +51,10 @@ def create_app(
     store.checkpoints.inflight_deadline_ms = settings.lease_ttl_ms
     runtime = FleetRuntime.build(agents, store, settings, provider)
     runtime.on_event = on_event
-    app = Celery(name, set_as_current=False)
+    app = Celery(name, set_as_current=False, amqp=AMQP)  # a worker survives any bytes on its queue
     app.conf.update(celery_config(broker, settings, **celery_settings))
     runtime.app = app
     app.lousho_runtime = runtime
     register_tasks(app, runtime)
+    watch_shutdown()
     return app

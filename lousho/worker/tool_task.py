@@ -26,6 +26,7 @@ from lousho.worker.dispatch import send_advance
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
+from lousho.worker.shutdown import RunningCall, running_calls
 from lousho.worker.steps import SessionSteps, tool_turn
 
 __all__ = ["run_tool_call"]
@@ -62,7 +63,7 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
         if plan is None:
             steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
             return "waiting-for-approval"
-        result = await _run_started(steps, run, plan, call_lease, begun.state)
+        result = await _run_started(steps, run, plan, (field, call_lease), begun.state)
     except PropagatingToolError as exc:
         call_lease.release()
         steps.park(f"tool call {call.id} raised PropagatingToolError: {exc}")
@@ -77,15 +78,25 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     return await fold_when_free(steps, (field, result_json, call_lease))
 
 
-async def _run_started(steps: SessionSteps, run: Run, plan: PlannedCall, call_lease: Lease, started: int) -> Any:
-    """The call's result: the tool's, or a poison error once it was started `max_attempts` times."""
+async def _run_started(
+    steps: SessionSteps, run: Run, plan: PlannedCall, leased: tuple[str, Lease], started: int
+) -> Any:
+    """The call's result: the tool's, or a poison error once it was started `max_attempts` times.
+    `leased`: the call's field and lease. While it runs, a shutdown of this worker takes its start
+    back (`shutdown.py`)."""
+    field, call_lease = leased
     max_attempts = steps.runtime.settings.max_attempts
     if started > max_attempts:
         return tool_error(
             "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
         )
-    async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal):
-        return await _run_abortable(steps, run, plan)
+    running = RunningCall(steps.keys, steps.session_id, steps.epoch, field)
+    running_calls.add(running)
+    try:
+        async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal):
+            return await _run_abortable(steps, run, plan)
+    finally:
+        running_calls.discard(running)
 
 
 async def _plan(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall) -> PlannedCall | None:

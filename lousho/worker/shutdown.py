@@ -1,0 +1,75 @@
+"""A worker's own shutdown is not its tool call's fault (issue #21).
+
+A tool call's starts are counted so that a call that kills its worker every time becomes poison
+(an error result) after `max_attempts` starts. A worker that is shut down from outside (a deploy's
+SIGTERM, Ctrl-C, `celery control shutdown`) while it runs a call says so as it goes: the start of
+each call it is running is taken back, so a call cut short by deploys is never made poison. A
+SIGKILL gives no warning: a worker that dies without one while it runs a call is counted against
+that call (docs/reliability.md: 'Poison').
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import signals
+
+from lousho.errors import SDKError
+from lousho.stores.redis_common import load_script, redis_errors
+from lousho.worker.keys import FleetKeys
+
+__all__ = ["RunningCall", "running_calls", "watch_shutdown"]
+
+log = logging.getLogger("lousho.worker")
+
+
+@dataclass(frozen=True)
+class RunningCall:
+    """A tool call this process is running: its start was counted in the session's attempts."""
+
+    keys: FleetKeys
+    session_id: str
+    epoch: str
+    field: str
+
+
+running_calls: set[RunningCall] = set()
+"""The calls this process runs right now (a worker process runs one task at a time)."""
+
+
+def take_back_starts(reason: str) -> int:
+    """Uncount the start of every call this process is running; how many were taken back.
+
+    Runs in a signal handler: on a connection of its own, never the store's pool, whose lock the
+    interrupted code may hold."""
+    taken = 0
+    for call in list(running_calls):
+        pool = call.keys.store.client.connection_pool
+        client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
+                                                                  **pool.connection_kwargs))  # fmt: skip
+        try:
+            with redis_errors(client, f"take back the start of call {call.field!r} of {call.session_id!r}"):
+                guarded = load_script(client, "lousho.worker:guarded")
+                keys = [call.keys.epoch(call.session_id), call.keys.attempts(call.session_id)]
+                guarded(keys=keys, args=[call.epoch, "count", f"call:{call.field}", -1])
+            taken += 1
+            log.warning("%s: the start of call %s of session %s is not counted against it", reason, call.field,
+                        call.session_id)  # fmt: skip
+        except SDKError as exc:  # Redis is down: the start stays counted, as after a SIGKILL
+            log.warning("%s: could not take back the start of call %s: %s", reason, call.field, exc)
+        finally:
+            client.close()
+    return taken
+
+
+def _on_shutdown(sig: Any = None, how: Any = None, **_: Any) -> None:
+    take_back_starts(f"worker shutting down ({how or 'shutdown'}, {sig or 'no signal'})")
+
+
+def watch_shutdown() -> None:
+    """Connect to Celery's shutdown signals (in the main process, and in each pool child)."""
+    signals.worker_shutting_down.connect(_on_shutdown, weak=False, dispatch_uid="lousho-shutdown")
+    signals.worker_process_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="lousho-process-shutdown")

@@ -1,0 +1,41 @@
+"""Poison is a call that kills its worker, not a call whose worker was shut down around it (issue #21)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from lousho import Message
+from tests.fleet.conftest import Fleet, tool_turn
+
+
+def wait_for_runs(fleet: Fleet, call_id: str, runs: int, timeout_s: float = 30.0) -> int:
+    """The pid of the worker that started `call_id` for the `runs`-th time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if fleet.counts("runs").get(call_id, 0) >= runs:
+            return fleet.pid_running(call_id)
+        time.sleep(0.05)
+    raise AssertionError(f"{call_id} did not start {runs} times")
+
+
+def test_a_call_cut_short_by_its_workers_shutdown_is_not_poison(fleet: Fleet) -> None:
+    """Three deploys in a row each stop the worker in the middle of the same call (SIGTERM, then
+    SIGKILL after a short grace): with max_attempts=3 the call still gets its real result."""
+    fleet.script("deploys", [tool_turn(("d-1", "work", {"n": 3, "sleep_s": 4.0})), Message.assistant("done")])
+    fleet.start_reaper()
+    fleet.start_worker()
+    fleet.client.enqueue("jobs", "go", session_id="deploys")
+    for deploy in range(1, 4):
+        worker = fleet.worker_with_pid(wait_for_runs(fleet, "d-1", deploy))
+        os.kill(worker.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        worker.kill(signal.SIGKILL)
+        fleet.start_worker()
+    fleet.wait_for(["deploys"], timeout_s=90)
+
+    checkpoint = fleet.client.checkpoint("deploys")
+    assert checkpoint is not None
+    assert [m.content for m in checkpoint.messages if m.role == "tool"] == ['{"n": 3, "square": 9}']
+    assert fleet.counts("runs")["d-1"] == 4

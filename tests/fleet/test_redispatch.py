@@ -1,0 +1,54 @@
+"""The reaper's requeue sends a tool call again only when no copy of it is queued or running (issue #21):
+under repeated kills the queue never fills with copies of the same calls.
+
+The worker's steps run here in the test's process against the real Redis, with the outbox pushing
+onto the real queue list; the test plays the worker that takes messages (or loses them)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+from lousho import Agent, ToolContext, define_tool
+from lousho.providers import ScriptedProvider, tool_calls
+from lousho.worker import FleetSettings, broker_url, create_app
+from lousho.worker.steps import SessionSteps
+from tests.fleet.conftest import Fleet
+
+
+class Nothing(BaseModel):
+    pass
+
+
+async def noop(args: Nothing, ctx: ToolContext) -> str:
+    return "ok"
+
+
+def queued_calls(fleet: Fleet) -> list[str]:
+    """The task ids on the queue, oldest first."""
+    return [json.loads(raw)["headers"]["id"] for raw in reversed(fleet.redis.lrange(fleet.queue, 0, -1))]
+
+
+def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(fleet: Fleet, redis_url: str) -> None:
+    agent = Agent(name="jobs", model="scripted", tools=[define_tool(name="noop", description="-", input=Nothing, execute=noop)],
+                  tool_concurrency=2)  # fmt: skip
+    provider = ScriptedProvider([tool_calls(("c1", "noop", {}), ("c2", "noop", {})), "done"])
+    app = create_app(agents=[agent], store=fleet.store, broker=broker_url(redis_url), provider=provider,
+                     settings=FleetSettings(queue=fleet.queue, lease_ttl_s=2.0))  # fmt: skip
+    runtime: Any = app.lousho_runtime
+    fleet.client.enqueue("jobs", "go", session_id="r")
+    fleet.redis.delete(fleet.queue)  # the model turn's message: this test is the worker that took it
+
+    assert runtime.run(SessionSteps(runtime, "r").advance(expected_turn=1)) == "tools-dispatched"
+    assert queued_calls(fleet) == ["r/turn/1/tool/c1", "r/turn/1/tool/c2"]
+
+    # The reaper's advance while both messages wait on a busy queue: nothing is sent again.
+    runtime.run(SessionSteps(runtime, "r").advance(redispatch=True))
+    assert queued_calls(fleet) == ["r/turn/1/tool/c1", "r/turn/1/tool/c2"]
+
+    # A worker took c1's message and died before it took the call's lease: c1 alone goes again.
+    fleet.redis.rpop(fleet.queue)
+    runtime.run(SessionSteps(runtime, "r").advance(redispatch=True))
+    assert queued_calls(fleet) == ["r/turn/1/tool/c2", "r/turn/1/tool/c1"]
