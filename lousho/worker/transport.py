@@ -1,0 +1,200 @@
+"""A worker survives any bytes on its queue: what is not a task message is moved aside (issue #21).
+
+kombu's Redis transport decodes each entry it pops from a queue with no guard (`Channel._brpop_read`:
+JSON, then kombu's `Message`, then Celery's handler, all in the worker's event loop). One entry
+that was not JSON stopped the worker (`Unrecoverable error: JSONDecodeError`); a JSON value that was
+not kombu's envelope, or an envelope whose headers Celery cannot read (no task id), stopped it too,
+or sent it round a reconnect loop (kombu counts a `KeyError` as a lost connection and puts the
+unacknowledged message back on the queue).
+
+Here, an entry is delivered only if it is what kombu's Redis transport writes (`KombuEnvelope`); one
+that is not, and one that Celery's handler raises on, is logged and moved to the list
+`<queue>:lousho-rejected` beside the queue (the newest `REJECTED_KEPT` are kept), and the worker
+takes the next entry. An entry Celery reads and refuses itself (an unregistered task, a body of a
+content type it does not accept) is logged and dropped by Celery, as before.
+
+`AMQP` is the Celery app's broker class that gives every connection of a lousho app this transport
+wherever kombu would pick its Redis one, whatever the URL's form (`redis://`, `rediss://`,
+`redis+socket://`): the transport is named by the URL, so no setting can swap it for all forms.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from queue import Empty
+from typing import Any, Literal
+
+from celery.app import amqp
+from kombu.connection import Connection as KombuConnection
+from kombu.transport import redis
+from kombu.transport.virtual.base import Base64
+from kombu.utils import encoding
+from kombu.utils import json as kombu_json
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["AMQP", "REJECTED_KEPT", "KombuEnvelope", "decode_entry", "rejected_key"]
+
+log = logging.getLogger("lousho.worker")
+
+REJECTED_KEPT = 1000
+"""How many entries a queue's rejected list keeps (the newest): a flood of junk cannot fill Redis."""
+_LOGGED_BYTES = 200
+"""How much of a rejected entry its log line shows."""
+
+# kombu is untyped: how its Redis transport reads an entry (text, then JSON) and decodes a body.
+_bytes_to_str: Callable[[bytes | str], str] = encoding.bytes_to_str
+_loads: Callable[[str], Any] = kombu_json.loads
+_base64_decode: Callable[[str], bytes] = Base64().decode
+
+# What a failure to take in a delivered message may be that is the broker's, not the message's: it goes
+# on up (the consumer reconnects). kombu lists KeyError among its connection errors (a stale socket's),
+# but a message missing a header Celery needs raises KeyError too, and is the message's.
+_BROKER_ERRORS: tuple[type[BaseException], ...] = tuple(
+    error for error in (*redis.Transport.connection_errors, *redis.Transport.channel_errors) if error is not KeyError
+)
+
+
+def rejected_key(queue: str) -> str:
+    """The list beside `queue` that the entries a worker could not take in are moved to."""
+    return f"{queue}:lousho-rejected"
+
+
+class _DeliveryInfo(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    exchange: str
+    routing_key: str
+
+
+class _Properties(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    delivery_tag: str
+    delivery_info: _DeliveryInfo
+    body_encoding: Literal["base64"] | None = None
+
+
+class KombuEnvelope(BaseModel):
+    """A message as kombu's Redis transport writes it onto a queue (`prepare_message`, then what
+    `basic_publish` adds), with what reading it back needs: the body decodes, kombu's `QoS` finds
+    the delivery tag and info, the headers are a mapping."""
+
+    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
+
+    body: str
+    content_type: str = Field(alias="content-type")
+    content_encoding: str = Field(alias="content-encoding")
+    headers: dict[str, Any]
+    properties: _Properties
+
+    @model_validator(mode="after")
+    def _body_decodes(self) -> KombuEnvelope:
+        if self.properties.body_encoding == "base64":
+            _base64_decode(self.body)  # binascii.Error is a ValueError: reported as a validation error
+        return self
+
+
+def decode_entry(entry: bytes | str) -> dict[str, Any]:
+    """The message kombu makes of a queue entry (decoded as kombu's Redis transport does), if the
+    entry is a `KombuEnvelope`; else ValueError saying why not. It never reaches a caller: the
+    worker's channel and the outbox act on it."""
+    try:
+        payload = _loads(_bytes_to_str(entry))
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+        raise ValueError(f"not JSON ({type(exc).__name__}: {exc})") from None
+    try:
+        KombuEnvelope.model_validate(payload)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the entry"
+        raise ValueError(f"not a kombu message ({where}: {first['msg']})") from None
+    assert isinstance(payload, dict)  # a KombuEnvelope is an object
+    return payload
+
+
+class Channel(redis.Channel):
+    """kombu's Redis channel, taking in only what it can deliver: the rest is moved aside."""
+
+    def _brpop_read(self, **options: Any) -> bool:
+        """kombu's `_brpop_read` (kombu 5.4 to 5.7), with `_take_in` where it decoded and delivered."""
+        try:
+            try:
+                reply = self.client.parse_response(self.client.connection, "BRPOP", **options)
+            except self.connection_errors:
+                self.client.connection.disconnect()  # as kombu: the next poll reconnects
+                raise
+            if not reply:
+                raise Empty()
+            key, entry = reply
+            queue = _bytes_to_str(key).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(queue)
+            if not self._take_in(queue, entry):
+                raise Empty()  # nothing delivered, as when BRPOP times out
+            return True
+        finally:
+            self._in_poll = None  # type: ignore[assignment]  # as kombu's (its class says False)
+            flush_reauth = getattr(self, "_flush_brpop_reauth", None)  # kombu 5.7's re-auth hook
+            if flush_reauth is not None:
+                flush_reauth()
+
+    def _take_in(self, queue: str, entry: bytes) -> bool:
+        """Deliver the entry to the queue's consumer (Celery); if it is no message, or Celery's
+        handler raises on it, move it aside instead. Whether it was delivered."""
+        try:
+            payload = decode_entry(entry)
+        except ValueError as exc:
+            self._set_aside(queue, entry, str(exc))
+            return False
+        try:
+            self.connection._deliver(payload, queue)
+        except _BROKER_ERRORS:
+            raise
+        except Exception as exc:  # Celery could not read it: a header it needs missing, a body not its shape
+            self._drop_delivery(payload["properties"]["delivery_tag"])
+            self._set_aside(queue, entry, f"Celery could not take it ({type(exc).__name__}: {exc})")
+            return False
+        return True
+
+    def _drop_delivery(self, delivery_tag: str) -> None:
+        """Take a message Celery failed on out of kombu's unacknowledged ones: else it would hold the
+        worker's prefetch slot, and be put back on the queue when the worker stops."""
+        try:
+            message = self.qos.get(delivery_tag)
+        except KeyError:
+            return  # it failed before kombu took it in
+        if not message.acknowledged:
+            message.reject(requeue=False)
+
+    def _set_aside(self, queue: str, entry: bytes, reason: str) -> None:
+        """Log the entry (before anything else can fail), then move it to the queue's rejected list."""
+        key = rejected_key(queue)
+        log.error(
+            "lousho: an entry on queue %r is no task message the worker can run, moved to %r: %s; "
+            "the entry (%d bytes): %r",
+            queue, key, reason, len(entry), entry[:_LOGGED_BYTES],
+        )  # fmt: skip
+        with self.conn_or_acquire() as client:
+            client.pipeline().lpush(key, entry).ltrim(key, 0, REJECTED_KEPT - 1).execute()
+
+
+class Transport(redis.Transport):
+    """kombu's Redis transport with `Channel`."""
+
+    Channel = Channel
+
+
+class Connection(KombuConnection):
+    """kombu's connection, with `Transport` wherever kombu would use its Redis transport (not for
+    Sentinel, nor any other broker)."""
+
+    def get_transport_cls(self) -> Any:
+        transport = super().get_transport_cls()  # type: ignore[no-untyped-call]  # kombu's is untyped
+        return Transport if transport is redis.Transport else transport
+
+
+class AMQP(amqp.AMQP):  # type: ignore[misc]  # celery is untyped
+    """Celery's broker glue for a lousho app (`Celery(..., amqp=AMQP)`): its connections are `Connection`s."""
+
+    Connection = Connection
+    BrokerConnection = Connection
