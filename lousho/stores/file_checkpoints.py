@@ -34,6 +34,7 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_ch
 from lousho.errors import CorruptCheckpointError, SDKError
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_messages import Extent, append_lines, read_lines
+from lousho.stores.listing import Listing, read_each
 from lousho.stores.segments import (
     Head,
     Known,
@@ -167,17 +168,28 @@ class FileCheckpointStore:
 
     def _head_checkpoint(self, name: str) -> Checkpoint | None:
         """The latest checkpoint of a file name without its messages (None: none, or unreadable)."""
-        with suppress(SDKError, ValueError, UnicodeDecodeError):
-            raw = read_file(self._path(name))
-            if raw is not None:
-                data = json.loads(raw)
-                session_id = str(data.get("session_id")) if isinstance(data, dict) else name
-                data, head = split_record(session_id, data)
-                if head is not None:
-                    data["messages"] = []
-                checkpoint = decode_checkpoint(session_id, data)
-                return checkpoint if file_name(checkpoint.session_id) == name else None
+        with suppress(SDKError):
+            return self._read_head(name)
         return None
+
+    def _read_head(self, name: str) -> Checkpoint | None:
+        """The latest checkpoint of a file name without its messages (None: none); one that cannot be
+        read, or is another session's, raises `CorruptCheckpointError`."""
+        raw = read_file(self._path(name))
+        if raw is None:
+            return None
+        try:
+            data = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise CorruptCheckpointError(name, "it is not JSON") from None
+        session_id = str(data.get("session_id")) if isinstance(data, dict) else name
+        data, head = split_record(session_id, data)
+        if head is not None:
+            data["messages"] = []
+        checkpoint = decode_checkpoint(session_id, data)
+        if file_name(checkpoint.session_id) != name:
+            raise CorruptCheckpointError(name, f"it is the checkpoint of session {checkpoint.session_id!r}")
+        return checkpoint
 
     # -- history ---------------------------------------------------------------------------
 
@@ -247,18 +259,19 @@ class FileCheckpointStore:
             fsync_dir(self._folder.checkpoints)
         self._cache.drop(session_id)
 
-    def sessions(self, status: str | None = None) -> list[str]:
-        """Sessions with a latest checkpoint, sorted; only readable ones with `status` when given."""
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        """Sessions with a latest checkpoint, sorted; with `status`, those of that status, and the ones
+        whose checkpoint file cannot be read named in `skipped` (issue #21)."""
         with self._folder.translate():
             names = self._folder.names(self._folder.checkpoints)
         if status is None:
-            return names
-        found = []
-        for name in names:
-            checkpoint = self._head_checkpoint(name)
-            if checkpoint is not None and checkpoint.status == status:
-                found.append(name)
-        return found
+            return Listing(names)
+
+        def matching(name: str, _: object) -> str | None:
+            checkpoint = self._read_head(name)
+            return name if checkpoint is not None and checkpoint.status == status else None
+
+        return read_each(((name, None) for name in names), matching, what="session")
 
     def prune(self, older_than: datetime | timedelta) -> FilePruned:
         """Remove finished checkpoints last written before the cutoff, history entries saved before it,

@@ -17,6 +17,7 @@ from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, 
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.messages import Message
+from lousho.stores.listing import Listing, read_each, waiting
 
 __all__ = ["MemoryApprovalStore", "MemoryCheckpointStore", "MemoryStore", "memory_store"]
 
@@ -104,8 +105,17 @@ class MemoryCheckpointStore:
             )
         return result
 
-    def sessions(self) -> list[str]:
-        return sorted(self._latest)
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        """Session ids with a latest checkpoint, sorted; with `status`, those of that status, and the
+        ones whose record cannot be read named in `skipped` (issue #21)."""
+        if status is None:
+            return Listing(sorted(self._latest))
+
+        def matching(session_id: str, stored: _Record | str) -> str | None:
+            head = stored.head if isinstance(stored, _Record) else stored
+            return session_id if decode_checkpoint(session_id, head).status == status else None
+
+        return read_each(sorted(self._latest.items()), matching, what="session")
 
     def put_raw(self, session_id: str, raw: str) -> None:
         """Store a raw value as the latest checkpoint (tests of corrupt, foreign and old records)."""
@@ -150,12 +160,14 @@ class MemoryApprovalStore:
                 reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
                 self._snapshots[approval_id] = reopened.model_dump_json()
 
-    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
-        snapshots = [decode_snapshot(approval_id, raw) for approval_id, raw in list(self._snapshots.items())]
-        return sorted(
-            (s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)),
-            key=lambda s: s.created_at,
-        )
+    def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
+        return waiting(read_each(list(self._snapshots.items()), decode_snapshot, what="approval"), session_id)
+
+    def put_raw(self, approval_id: str, raw: str) -> None:
+        """Store a raw value as an approval snapshot (tests of corrupt records)."""
+        with self._lock:
+            self._snapshots[approval_id] = raw
 
 
 @dataclass(kw_only=True)

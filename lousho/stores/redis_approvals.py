@@ -19,6 +19,7 @@ import redis
 
 from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.listing import Listing, read_each, waiting
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
 
 __all__ = ["RedisApprovalStore"]
@@ -73,8 +74,9 @@ class RedisApprovalStore:
             action=f"reopen approval {approval_id!r}",
         )
 
-    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
-        """Approvals waiting for a decision, oldest first (optionally of one session)."""
+    def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first (optionally of one session); those that cannot
+        be read are named in `skipped` (issue #21: one damaged snapshot must not hide the others)."""
         with redis_errors(self.client, "list pending approvals"):
             ids = [text(i) for i in cast(list[bytes | str], self.client.zrange(self.keys.pending_approvals, 0, -1))]
             raws: list[tuple[str, bytes | str | None]] = []
@@ -82,11 +84,16 @@ class RedisApprovalStore:
                 chunk = ids[start : start + _MGET_CHUNK]
                 values = cast(list[bytes | str | None], self.client.mget([self.keys.approval(i) for i in chunk]))
                 raws.extend(zip(chunk, values, strict=True))
-        snapshots = [decode_snapshot(i, raw) for i, raw in raws if raw is not None]
-        return sorted(
-            (s for s in snapshots if s.status == "pending" and (session_id is None or s.session_id == session_id)),
-            key=lambda s: s.created_at,
-        )
+        found = [(i, raw) for i, raw in raws if raw is not None]
+        return waiting(read_each(found, decode_snapshot, what="approval"), session_id)
+
+    def put_raw(self, approval_id: str, raw: str | bytes) -> None:
+        """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""
+        with redis_errors(self.client, f"write a raw approval {approval_id!r}"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.set(self.keys.approval(approval_id), raw)
+            pipe.zadd(self.keys.pending_approvals, {approval_id: 0})
+            pipe.execute()
 
     def _update(
         self, approval_id: str, change: Callable[[ApprovalSnapshot], ApprovalSnapshot], *, action: str

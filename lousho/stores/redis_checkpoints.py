@@ -15,6 +15,14 @@ the version (the fencing token) and that the stored head is still the one rememb
 not (another process wrote, the cache was cold), the writer sends the whole transcript and the
 script appends only what differs from the stored one.
 
+A read by the process that holds the transcript gets back only the head, but never on trust
+(issue #21): each head carries `h`, a digest chained over its messages as their writers sent them
+(a save extends it by its new messages alone), and the read script answers from the cache only
+when the list still hashes to it. A message damaged since (a raw write) makes the script send the
+transcript, and the read raises `CorruptCheckpointError` as in any other process, before the
+caller builds a save on it. The check costs the server a SHA-1 of the transcript per such read,
+no round trip and no transcript bytes on the wire (docs/stores.md has the figures).
+
 The in-flight index `<prefix>inflight` (session -> deadline, Redis server time in ms) holds the
 sessions a worker should be moving: a save of an 'in-progress' checkpoint adds or refreshes it
 (deadline = now + `inflight_deadline_ms`); a save of a 'finished' or 'awaiting-approval' one
@@ -38,6 +46,7 @@ from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
+from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.segments import Known, SessionCache, common_prefix
@@ -268,8 +277,9 @@ class RedisCheckpointStore:
             pipe.execute()
         self._cache.drop(session_id)
 
-    def sessions(self, status: str | None = None) -> list[str]:
-        """Session ids with a latest checkpoint (SCAN on the prefix), optionally of one `status`."""
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        """Session ids with a latest checkpoint (SCAN on the prefix), sorted, optionally of one `status`;
+        a head whose status cannot be read is named in `skipped` (issue #21)."""
         with redis_errors(self.client, "list sessions"):
             found: dict[str, str] = {}
             for key in self.client.scan_iter(match=self.keys.head_pattern, count=1000):
@@ -278,9 +288,17 @@ class RedisCheckpointStore:
                 if session is not None:
                     found[session] = name
             if status is None:
-                return sorted(found)
+                return Listing(sorted(found))
             heads: list[Any] = cast(list[Any], self.client.mget(list(found.values()))) if found else []
-        return sorted(s for s, raw in zip(found, heads, strict=True) if raw is not None and status_of(raw) == status)
+
+        def matching(session_id: str, raw: bytes | str) -> str | None:
+            stored = status_of(raw)
+            if stored is None:
+                raise CorruptCheckpointError(session_id, "its head is not a JSON object with a status")
+            return session_id if stored == status else None
+
+        stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
+        return read_each(stored_heads, matching, what="session")
 
     def inflight(self, due_before_ms: int | None = None, limit: int | None = None) -> list[tuple[str, int]]:
         """(session, deadline ms) of in-flight sessions whose deadline is before `due_before_ms`

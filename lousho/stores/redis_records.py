@@ -96,8 +96,10 @@ def _valid_header(meta: Any) -> bool:
 
 
 def status_of(raw: bytes | str) -> str | None:
+    """A head's status ('in-progress' when it has none), or None when it is not a JSON object with a text status."""
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
-    return data.get("status", "in-progress") if isinstance(data, dict) else None
+    status = data.get("status", "in-progress") if isinstance(data, dict) else None
+    return status if isinstance(status, str) else None

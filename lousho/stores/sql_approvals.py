@@ -7,6 +7,7 @@ from sqlalchemy.engine import Connection
 
 from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.listing import Listing, read_each
 from lousho.stores.sql_database import SqlDatabase
 
 __all__ = ["SqlApprovalStore"]
@@ -65,15 +66,24 @@ class SqlApprovalStore:
                 values = {"status": "pending", "data": reopened.model_dump_json()}
                 conn.execute(table.update().where(table.c.id == approval_id).values(**values))
 
-    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
-        """Approvals waiting for a decision, oldest first."""
+    def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
+        """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
         table = self._db.approvals
         query = sa.select(table.c.id, table.c.data).where(table.c.status == "pending")
         if session_id is not None:
             query = query.where(table.c.session_id == session_id)
         with self._db.read() as conn:
-            rows = conn.execute(query.order_by(table.c.created_at, table.c.id)).all()
-        return [decode_snapshot(approval_id, data) for approval_id, data in rows]
+            rows = [
+                (str(approval_id), data)
+                for approval_id, data in conn.execute(query.order_by(table.c.created_at, table.c.id))
+            ]
+        return read_each(rows, decode_snapshot, what="approval")
+
+    def put_raw(self, approval_id: str, raw: str, *, session_id: str | None = None) -> None:
+        """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""
+        values = {"id": approval_id, "session_id": session_id, "status": "pending", "created_at": "", "data": raw}
+        with self._db.write() as conn:
+            conn.execute(self._db.upsert(self._db.approvals, "id", values))
 
 
 def _already_resolved(snapshot: ApprovalSnapshot) -> ApprovalAlreadyResolvedError:

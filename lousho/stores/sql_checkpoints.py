@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.stores.listing import Listing
 from lousho.stores.segments import (
     Head,
     Known,
@@ -188,14 +189,15 @@ class SqlCheckpointStore:
             )
         return entries
 
-    def sessions(self, status: str | None = None) -> list[str]:
-        """Session ids with a latest checkpoint, sorted; only those with `status` when given."""
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        """Session ids with a latest checkpoint, sorted; only those with `status` when given. The status
+        is a column of its own, so no record is unreadable here (`skipped` stays empty)."""
         table = self._db.checkpoints
         query = sa.select(table.c.session_id).order_by(table.c.session_id)
         if status is not None:
             query = query.where(table.c.status == status)
         with self._db.read() as conn:
-            return list(conn.execute(query).scalars())
+            return Listing(conn.execute(query).scalars())
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         """Remove finished checkpoints last saved before the cutoff, history entries saved before it,

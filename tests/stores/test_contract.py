@@ -50,6 +50,9 @@ class TestBuiltInStores(StoreContract):
             if isinstance(version, int):
                 checkpoints._versions[session_id] = version
 
+    def write_raw_approval(self, approvals: Any, approval_id: str, raw: str) -> None:
+        approvals.put_raw(approval_id, raw)
+
     def read_raw(self, checkpoints: Any, session_id: str) -> str | bytes | None:
         if isinstance(checkpoints, (FileCheckpointStore, SqlCheckpointStore)):
             return checkpoints.get_raw(session_id)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from lousho.stores.redis import RedisStore
+from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import RedisCheckpointStore
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import StoreContract
@@ -34,6 +35,9 @@ class TestRedisStore(StoreContract):
 
     def write_raw(self, checkpoints: RedisCheckpointStore, session_id: str, raw: str | bytes) -> None:
         checkpoints.put_raw(session_id, raw)
+
+    def write_raw_approval(self, approvals: RedisApprovalStore, approval_id: str, raw: str) -> None:
+        approvals.put_raw(approval_id, raw)
 
     def read_raw(self, checkpoints: RedisCheckpointStore, session_id: str) -> Any:
         return checkpoints.client.get(checkpoints.keys.head(session_id))

@@ -25,6 +25,7 @@ from lousho.stores.file import FileStore
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import load_script, text
 from lousho.stores.sql import SqliteStore
+from lousho.worker import broker_url
 from tests.stores.test_redis_reliability import snapshot_of
 from tests.stores.test_redis_store import grow, run_steps
 
@@ -63,7 +64,7 @@ def test_a_damaged_message_under_a_warm_cache_is_refused_and_nothing_is_written(
     with pytest.raises(CorruptCheckpointError, match="stored message is damaged"):
         latest = warm.checkpoints.load("s")
         warm.checkpoints.save("s", grow(latest or saved[-1], Message.user("on top")))
-    client = Client(broker=redis_url, store=warm)
+    client = Client(broker=broker_url(redis_url), store=warm)
     with pytest.raises(CorruptCheckpointError, match="stored message is damaged"):
         client.enqueue("agent", "more input", session_id="s")
     assert snapshot_of(redis_client, warm, "s") == before

@@ -8,10 +8,16 @@ import pytest
 
 from lousho.approvals import ApprovalSnapshot
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.listing import Listing
 from lousho.testing.store_contract.base import StoreContractBase
 from lousho.testing.store_contract.samples import WRITERS, race, sample_snapshot
 
 __all__ = ["ApprovalStoreContract"]
+
+_UNREADABLE = {
+    "not-json": '{"id": "appr_bad", "status": "pending", ',
+    "wrong-shape": '{"id": "appr_bad", "status": "pending", "tool_call": "not a call"}',
+}
 
 
 class ApprovalStoreContract(StoreContractBase):
@@ -44,6 +50,22 @@ class ApprovalStoreContract(StoreContractBase):
         assert [s.id for s in self.call(approvals.pending())] == ["appr_a", "appr_b", "appr_c"]
         assert [s.id for s in self.call(approvals.pending(session_id="s1"))] == ["appr_a", "appr_c"]
         assert self.call(approvals.pending(session_id="s-none")) == []
+
+    @pytest.mark.parametrize("kind", sorted(_UNREADABLE))
+    def test_pending_lists_the_readable_approvals_and_names_an_unreadable_one(self, approvals: Any, kind: str) -> None:
+        """One damaged snapshot must not hide the others (issue #21): `pending()` lists every one it can
+        read, names the rest in `skipped` (a `Listing`), and the damaged record stays as it is."""
+        stamps = [f"2024-01-01T00:00:0{i}+00:00" for i in range(2)]
+        self.call(approvals.save(sample_snapshot("appr_a", "s1", stamps[0])))
+        self.call(approvals.save(sample_snapshot("appr_c", "s2", stamps[1])))
+        self.plant_approval(approvals, "appr_bad", _UNREADABLE[kind])
+        for _ in range(2):  # listing changes nothing: the second listing is the same
+            listed = Listing.of(self.call(approvals.pending()))
+            assert [s.id for s in listed] == ["appr_a", "appr_c"]
+            assert list(listed.skipped) == ["appr_bad"] and "appr_bad" in listed.skipped["appr_bad"]
+        # Of one session: its readable approvals (the damaged one may be named: its session is unknown).
+        assert [s.id for s in self.call(approvals.pending(session_id="s2"))] == ["appr_c"]
+        assert self.call(approvals.decide("appr_c", True, None)).status == "approved"
 
     @pytest.mark.parametrize(("approved", "status"), [(True, "approved"), (False, "rejected")])
     def test_decide_records_the_decision(self, approvals: Any, approved: bool, status: str) -> None:

@@ -51,6 +51,16 @@ class StoreContractBase:
         """Optional hook: the session's latest checkpoint as stored."""
         raise NotImplementedError
 
+    def write_raw_approval(self, approvals: Any, approval_id: str, raw: str) -> None:
+        """Optional hook: store `raw` as a pending approval's snapshot, unchecked."""
+        raise NotImplementedError
+
+    def plant_approval(self, approvals: Any, approval_id: str, raw: str) -> None:
+        try:
+            self.write_raw_approval(approvals, approval_id, raw)
+        except NotImplementedError:
+            pytest.skip("implement write_raw_approval() to check how the store lists approvals it cannot read")
+
     def plant(self, checkpoints: Any, session_id: str, raw: str | bytes) -> None:
         try:
             self.write_raw(checkpoints, session_id, raw)
