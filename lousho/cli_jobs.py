@@ -6,8 +6,9 @@ import time
 
 import typer
 
-from lousho.cli_render import approvals_table, console, short, sync
+from lousho.cli_render import approvals_table, console, report_skipped, short, sync
 from lousho.errors import ConfigurationError
+from lousho.stores.listing import Listing
 
 __all__ = ["register"]
 
@@ -58,10 +59,12 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         session: str | None = typer.Option(None, "--session", "-s", help="Only this session's."),
     ) -> None:
-        """Pending approvals: runs paused on a tool call that needs a human's decision."""
+        """Pending approvals: runs paused on a tool call that needs a human's decision (on stderr: those
+        that cannot be read)."""
         store = settings_of(ctx).store()
-        pending = sync(store.approvals.pending(session))
+        pending = Listing.of(sync(store.approvals.pending(session)))
         console().print(approvals_table(pending))
+        report_skipped(pending.skipped, "approval")
 
     @app.command()
     def approve(

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ __all__ = [
     "console",
     "history_table",
     "message_text",
+    "report_skipped",
     "sessions_table",
     "short",
     "sync",
@@ -100,6 +102,22 @@ def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
             snapshot.created_at,
         )
     return table
+
+
+def report_skipped(skipped: Mapping[str, str], what: str) -> None:
+    """On stderr, after a listing: how many records it skipped as unreadable, which, and why (issue #21).
+    The listing still succeeded (exit 0): the records it could read are all printed."""
+    if not skipped:
+        return
+    plural = what if len(skipped) == 1 else f"{what}s"
+    lines = [f"warning: skipped {len(skipped)} unreadable {plural}: {', '.join(skipped)}"]
+    lines += [f"  {record_id}: {why}" for record_id, why in skipped.items()]
+    print("\n".join(lines), file=sys.stderr)
+
+
+# The command says what a listing skipped (report_skipped); the stores' own warning, which Python
+# prints on stderr when nothing configured logging, would say it a second time.
+logging.getLogger("lousho.stores").addHandler(logging.NullHandler())
 
 
 def sync(value: Any) -> Any:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
 
 from lousho.checkpoint import Checkpoint, get_checkpoint_history, validate_session_id
-from lousho.cli_render import console, history_table, sessions_table, short, sync, transcript_table
+from lousho.cli_render import console, history_table, report_skipped, sessions_table, short, sync, transcript_table
 from lousho.errors import ConfigurationError
 from lousho.settings import LoushoSettings
+from lousho.stores.listing import Listing, read_each
 from lousho.trajectory import compare_trajectories
 from lousho.trajectory import fork as fork_session
 
@@ -28,33 +30,35 @@ def _last_answer(checkpoint: Checkpoint) -> str:
     return next((m.content or "" for m in reversed(checkpoint.messages) if m.role == "assistant" and m.content), "")
 
 
-def session_rows(settings: LoushoSettings, status: str | None) -> list[list[str]]:
+def session_rows(settings: LoushoSettings, status: str | None) -> Listing[list[str]]:
+    """One row per session; a session whose record cannot be read is named in `skipped` (issue #21)."""
     from lousho.stores.redis import RedisStore
 
     store = settings.store()
-    rows: list[list[str]] = []
     if isinstance(store, RedisStore):  # the fleet's view: 'parked' is a status too
         client = settings.client()
-        for session_id in client.sessions(status):
+
+        def fleet_row(session_id: str, _: object) -> list[str]:
             s = client.status(session_id)
-            rows.append(
-                [session_id, s.status, s.agent_name or "-", str(s.steps), str(s.messages), short(s.text or "", 80)]
-            )
-        return rows
-    for session_id in sync(store.checkpoints.sessions(status)):
-        checkpoint = sync(store.checkpoints.load(session_id))
-        if checkpoint is not None:
-            rows.append(
-                [
-                    session_id,
-                    checkpoint.status,
-                    checkpoint.agent_name or "-",
-                    str(checkpoint.step_index),
-                    str(len(checkpoint.messages)),
-                    short(_last_answer(checkpoint), 80),
-                ]
-            )
-    return rows
+            return [session_id, s.status, s.agent_name or "-", str(s.steps), str(s.messages), short(s.text or "", 80)]
+
+        return _rows(Listing.of(client.sessions(status)), fleet_row)
+
+    def row(session_id: str, _: object) -> list[str] | None:
+        checkpoint: Checkpoint | None = sync(store.checkpoints.load(session_id))
+        if checkpoint is None:
+            return None
+        steps, messages = str(checkpoint.step_index), str(len(checkpoint.messages))
+        answer = short(_last_answer(checkpoint), 80)
+        return [session_id, checkpoint.status, checkpoint.agent_name or "-", steps, messages, answer]
+
+    return _rows(Listing.of(sync(store.checkpoints.sessions(status))), row)
+
+
+def _rows(sessions: Listing[str], row: Callable[[str, object], list[str] | None]) -> Listing[list[str]]:
+    """The rows of the listed sessions, skipping those the listing or `row` could not read."""
+    rows = read_each(((session_id, None) for session_id in sessions), row, what="session")
+    return Listing(rows, skipped={**sessions.skipped, **rows.skipped})
 
 
 def _tool_results(values: list[str]) -> list[dict[str, Any]]:
@@ -79,8 +83,10 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         status: str | None = typer.Option(None, "--status", help="in-progress, awaiting-approval, finished or parked."),
     ) -> None:
-        """List sessions, with their status and last answer."""
-        console().print(sessions_table(session_rows(settings_of(ctx), status)))
+        """List sessions, with their status and last answer (and, on stderr, those that cannot be read)."""
+        rows = session_rows(settings_of(ctx), status)
+        console().print(sessions_table(rows))
+        report_skipped(rows.skipped, "session")
 
     @app.command()
     def show(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:

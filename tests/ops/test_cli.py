@@ -18,6 +18,7 @@ from lousho.cli import app
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.file import FileStore
 from lousho.stores.sql import SqliteStore
+from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
 from tests.ops.conftest import DemoFleet, cli_env
 
 NO_CONFIG = {"LOUSHO_REDIS_URL": None, "REDIS_URL": None, "LOUSHO_STORE_URL": None, "LOUSHO_PREFIX": None}
@@ -147,6 +148,41 @@ def test_looking_at_runs_in_a_sql_or_file_store(kind: str, tmp_path: Path) -> No
     assert_one_line_error(
         lousho("fork", "chat-1", "--from-step", "9", env=env, ok=False), "LOUSHO_CHECKPOINT_NOT_FOUND"
     )
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "file", "redis"])
+def test_listings_print_every_readable_record_and_name_the_unreadable_one(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """One damaged record must not fail a listing (issue #21): the readable rows are printed, and one
+    warning on stderr names the damaged record and why; the command succeeds."""
+    if kind == "sqlite":
+        store: Any = SqliteStore(tmp_path / "jobs.db")
+        env = {"LOUSHO_STORE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}
+    elif kind == "file":
+        store = FileStore(tmp_path / "store")
+        env = {"LOUSHO_STORE_URL": f"file://{tmp_path / 'store'}"}
+    else:
+        store = request.getfixturevalue("make_redis_store")()
+        env = {"LOUSHO_REDIS_URL": request.getfixturevalue("redis_url"), "LOUSHO_PREFIX": store.prefix}
+    for session in ("chat-1", "chat-3"):
+        store.checkpoints.save(session, sample_checkpoint(session))
+        store.approvals.save(sample_snapshot(f"appr_{session}", session))
+    store.checkpoints.put_raw("chat-2", '{"session_id": "chat-2", "messages": [')
+    store.approvals.put_raw("appr_chat-2", '{"id": "appr_chat-2", "status": "pending", ')
+
+    listed = lousho("sessions", env=env)
+    assert "chat-1" in listed.stdout and "chat-3" in listed.stdout and "chat-2" not in listed.stdout
+    warning = listed.stderr.splitlines()
+    assert warning[0] == "warning: skipped 1 unreadable session: chat-2", listed.stderr
+    assert warning[1].startswith("  chat-2: [LOUSHO_CHECKPOINT_CORRUPT] the stored checkpoint of session 'chat-2'")
+    pending = lousho("approvals", env=env)
+    assert "appr_chat-1" in pending.stdout and "appr_chat-3" in pending.stdout and "appr_chat-2" not in pending.stdout
+    warning = pending.stderr.splitlines()
+    assert warning[0] == "warning: skipped 1 unreadable approval: appr_chat-2", pending.stderr
+    assert warning[1].startswith("  appr_chat-2: [LOUSHO_APPROVAL_CORRUPT] the stored approval 'appr_chat-2'")
+    if kind == "sqlite":
+        store.close()
 
 
 def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFleet) -> None:
