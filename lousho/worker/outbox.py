@@ -16,6 +16,13 @@ It is used only when the broker is the store's Redis (same server, same database
 kombu's Redis transport without a `global_keyprefix`, and `FleetSettings.outbox` is on;
 otherwise `Outbox.direct` is False and the worker sends each task with `dispatch.send` right after
 the step's script.
+
+What it pushes is read back first, as a worker's channel reads an entry (`transport.decode_entry`),
+and must be the task it means (its name, id and arguments): the pushed message is assembled here
+from kombu's internals, which a kombu upgrade may change, and a `before_task_publish` receiver may
+alter. A message that fails is never pushed: that task goes through Celery's own publish instead,
+with a warning (issue #21). Celery's publish is the reference the outbox copies, so trusting it keeps
+the fleet running where raising would fail a step that has a sound way out.
 """
 
 from __future__ import annotations
@@ -27,19 +34,23 @@ from typing import Any
 
 from celery import signals
 from kombu import serialization
+from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
 from lousho.stores.redis import RedisStore
 from lousho.worker.config import FleetSettings
 from lousho.worker.dispatch import StepTask
+from lousho.worker.transport import decode_entry
 
 __all__ = ["Outbox"]
 
 log = logging.getLogger("lousho.worker")
 
-# kombu is untyped: its serializer (what Producer.publish encodes a body with) and its JSON (what
-# the Redis transport writes a message with), as callables.
+# kombu is untyped: its serializer (what Producer.publish encodes a body with, and a worker decodes it
+# with) and its JSON (what the Redis transport writes a message with), as callables.
 _serialize: Callable[..., tuple[str, str, Any]] = serialization.dumps
+_deserialize: Callable[..., Any] = serialization.loads
+_accepted: Callable[[Any], set[str]] = serialization.prepare_accept_content
 _kombu_dumps: Callable[[Any], str] = kombu_json.dumps
 
 
@@ -69,7 +80,8 @@ class Outbox:
 
     def encode(self, task: StepTask) -> str:
         """The message for `task`, as kombu's Redis transport would LPUSH it onto `queue_key` after
-        `app.send_task` (the same headers, properties and body; tests/fleet/test_outbox.py)."""
+        `app.send_task` (the same headers, properties and body; tests/fleet/test_outbox.py); '' if
+        it does not read back as `task` (the step's end then sends `task` through Celery)."""
         app, queue = self.app, self.app.conf.task_default_queue
         headers, properties, body, _ = app.amqp.as_task_v2(
             task.task_id, task.name, args=task.args, kwargs={}, shadow=task.shadow, argsrepr=task.argsrepr,
@@ -85,7 +97,34 @@ class Outbox:
         channel = self._channel
         message = channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
         channel._inplace_augment_message(message, "", queue)  # what basic_publish does to it
-        return _kombu_dumps(message)
+        encoded = _kombu_dumps(message)
+        problem = self._misread(encoded, task)
+        if problem:
+            log.warning(
+                "lousho: the outbox's message for %s reads back wrong (%s): sent through Celery", task.task_id, problem
+            )
+            return ""
+        return encoded
+
+    def _misread(self, encoded: str, task: StepTask) -> str:
+        """How the message reads back, as a worker reads it, as other than `task`; '' if it reads as `task`."""
+        try:
+            payload = decode_entry(encoded)
+            headers = payload["headers"]
+            raw = self._channel.decode_body(payload["body"], payload["properties"].get("body_encoding"))
+            body = _deserialize(
+                raw,
+                payload["content-type"],
+                payload["content-encoding"],
+                accept=_accepted(self.app.conf.accept_content),
+            )
+        except (ValueError, KombuError) as exc:  # not a message at all: what the decoding raised says why
+            return f"{type(exc).__name__}: {exc}"
+        if (headers.get("task"), headers.get("id")) != (task.name, task.task_id):
+            return f"its headers name task {headers.get('task')!r} id {headers.get('id')!r}"
+        if not (isinstance(body, list) and len(body) == 3 and body[:2] == [task.args, {}]):
+            return f"its body is {body!r:.200}"
+        return ""
 
     def _check(self) -> bool:
         """Open this process's broker channel and see whether the scripts can push to its queue."""

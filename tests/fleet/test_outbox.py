@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from lousho import Message
 from lousho.scheduler import Client
@@ -61,6 +61,40 @@ def test_the_outbox_pushes_the_message_celery_would_send(
     sent = json.loads(redis_client.lpop(queue))  # type: ignore[arg-type]
 
     assert unpushed(pushed) == unpushed(sent)
+
+
+def drop_the_id(headers: dict[str, Any], **_: Any) -> None:
+    headers.pop("id", None)
+
+
+def rename_the_task(headers: dict[str, Any], **_: Any) -> None:
+    headers["task"] = "lousho.something_else"
+
+
+@pytest.mark.parametrize("tamper", [drop_the_id, rename_the_task])
+def test_a_message_that_does_not_read_back_as_its_task_is_never_pushed(
+    tamper: Any,
+    redis_url: str,
+    redis_client: redis.Redis,
+    redis_prefix: str,
+    queue: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A `before_task_publish` receiver (say a buggy tracer) broke the headers: the outbox gives '' (the
+    step's end sends that task through Celery) and says why, rather than push what no worker can run."""
+    settings = FleetSettings(queue=queue)
+    app = celery_app(broker_url(redis_url), settings)
+    outbox = Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings)
+    assert outbox.direct and outbox.encode(model_turn_task("s1", 4))
+
+    signals.before_task_publish.connect(tamper, weak=False)
+    try:
+        message = outbox.encode(model_turn_task("s1", 4))
+    finally:
+        signals.before_task_publish.disconnect(tamper)
+
+    assert message == ""
+    assert "the outbox's message for s1/turn/4 reads back wrong" in caplog.text
 
 
 def test_the_outbox_is_off_when_the_broker_is_another_redis_database(
