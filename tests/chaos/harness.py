@@ -392,6 +392,34 @@ class Aborter:
                 del self.waiting[session]
 
 
+class QueueWatch:
+    """The broker queue's length against the work live sessions have pending (issue #21): under kills
+    and requeues, copies of the same tasks must not pile up. A live (unfinished) session's pending
+    work is its next step plus each tool call without a result; the queue must stay under twice that."""
+
+    def __init__(self, fleet: ChaosFleet, sessions: list[str]) -> None:
+        self.fleet, self.sessions = fleet, sessions
+        self.violations: list[str] = []
+        self.longest = 0
+        self.worst_ratio = 0.0
+
+    def __call__(self) -> None:
+        pending = 0
+        for session in self.sessions:
+            checkpoint = self.fleet.store.checkpoints.load(session)
+            if checkpoint is not None and checkpoint.status != "finished":
+                pending += 1 + len(checkpoint.pending_tool_calls())
+        length = int(self.fleet.redis.llen(self.fleet.queue))
+        self.longest = max(self.longest, length)
+        if pending:
+            self.worst_ratio = max(self.worst_ratio, length / pending)
+        if length >= 2 * max(pending, 1):
+            self.violations.append(f"the queue held {length} messages for {pending} pending steps and calls")
+
+    def figures(self) -> dict[str, Any]:
+        return {"longest queue": self.longest, "queue / pending work, worst": f"{self.worst_ratio:.2f}"}
+
+
 def finished_count(fleet: ChaosFleet, sessions: list[str]) -> int:
     finished = set(fleet.store.checkpoints.sessions("finished"))
     return sum(s in finished for s in sessions)

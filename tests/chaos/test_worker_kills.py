@@ -19,6 +19,7 @@ from tests.chaos.harness import (
     Approver,
     Background,
     ChaosFleet,
+    QueueWatch,
     Row,
     check_sessions,
     install_scripts,
@@ -70,6 +71,8 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
     helpers.every(0.05, chaos, "chaos")
     helpers.every(0.1, aborter, "aborter")
+    queue = QueueWatch(fleet, sessions)
+    helpers.every(0.5, queue, "queue watch")
     deadline = started + pick(150, 840)
     while time.monotonic() < deadline and settled_count(fleet, sessions) < len(sessions):
         time.sleep(0.25)
@@ -78,7 +81,8 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
 
     triggers_left = fleet.account_triggers()
     violations, figures = check_sessions(fleet, scripts, approver, max_attempts=MAX_ATTEMPTS, aborter=aborter)
-    violations += approver.violations + aborter.violations + helpers.errors
+    violations += approver.violations + aborter.violations + helpers.errors + queue.violations
+    figures = {**figures, **queue.figures()}
     figures["slowest abort to land"] = f"{aborter.slowest_s:.1f} s"
     figures["double decisions refused"] = approver.refused_twice
     figures["kill triggers never reached"] = triggers_left
