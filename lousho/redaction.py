@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
-__all__ = ["MASK", "redact_secrets", "redact_url", "url_secrets"]
+__all__ = ["MASK", "redact_secrets", "redact_url", "url_password", "url_secrets"]
 
 MASK = "***"
 
@@ -57,6 +57,16 @@ def redact_url(url: str) -> str:
 def _masked(secret: str) -> str:
     """`***` for a secret, nothing for an empty one (`redis://:@host` has no password to hide)."""
     return MASK if secret else ""
+
+
+def url_password(url: str) -> str | None:
+    """The password of `url`'s user info as written (up to its last `@`), percent-decoded; None without one.
+
+    A driver that reads another (urllib ends the user info at the first `/ ? #`, SQLAlchemy at the
+    first `@`) would put the rest of it into the host or the socket path, which messages show: a
+    store refuses such a URL instead (issue #21)."""
+    _, _, password, _ = _split_user_info(url)
+    return unquote(password) if password else None
 
 
 def url_secrets(url: str) -> list[str]:

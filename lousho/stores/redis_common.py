@@ -18,7 +18,7 @@ import redis
 from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
-from lousho.redaction import redact_secrets, redact_url, url_secrets
+from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
 
 __all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
 
@@ -95,12 +95,20 @@ def connect(url: str, **options: Any) -> redis.Redis:
     options.setdefault("socket_timeout", 30.0)
     options.setdefault("health_check_interval", 30)
     try:
-        return redis.Redis.from_url(url, **options)
+        client = redis.Redis.from_url(url, **options)
     except ValueError as exc:  # its message may quote a piece of a password urllib took for a port
         raise ConfigurationError(
             f"not a Redis URL: {redact_url(url)!r}: {redact_secrets(str(exc), *url_secrets(url))} "
             "(expected redis://, rediss:// or unix://)"
         ) from None
+    # redis-py ends a password at its first '/', '?' or '#': the rest would show as the socket path (issue #21)
+    parsed = client.connection_pool.connection_kwargs.get("password")
+    if "password" not in options and url_password(url) not in (None, parsed):
+        raise ConfigurationError(
+            f"the password in the Redis URL {redact_url(url)!r} holds a '/', '?' or '#' that ends it early "
+            "(the rest would be read as the socket path or the host): percent-encode it (%2F, %3F, %23)"
+        )
+    return client
 
 
 def describe(client: Any) -> str:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
-from lousho.redaction import redact_secrets, redact_url, url_secrets
+from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
 
@@ -137,6 +137,11 @@ class SqlDatabase:
             raise ConfigurationError(
                 f"not a database URL: {self.label} (use dialect+driver://user:password@host/database)"
             ) from None
+        if url_password(written) not in (None, self.url.password):  # SQLAlchemy ends it at its first '@'
+            raise ConfigurationError(
+                f"the password in the database URL {self.label} holds an '@' that ends it early (the rest would be "
+                "read as the host): percent-encode it (%40)"
+            )
         self.schema = schema
         self.meta, self.checkpoints, self.history, self.approvals, self.messages = tables(schema)
         self.engine = self._create_engine(dict(engine_kwargs or {}))

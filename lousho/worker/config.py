@@ -103,7 +103,11 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
 def broker_url(redis_url: str) -> str:
     """The Celery broker URL for a Redis URL (kombu spells a unix socket `redis+socket://`)."""
     if redis_url.startswith("unix://"):
-        path, _, query = redis_url[len("unix://") :].partition("?")
+        # The query starts after the user info: a '?' in a password would otherwise cut the URL there
+        # and leave the password where nothing can redact it (issue #21).
+        rest = redis_url[len("unix://") :]
+        user_info, at, location = ("", "", rest) if rest.startswith("/") else rest.rpartition("@")
+        path, _, query = location.partition("?")
         db = next((part.split("=", 1)[1] for part in query.split("&") if part.startswith("db=")), "0")
-        return f"redis+socket://{path}?virtual_host={db}"
+        return f"redis+socket://{user_info}{at}{path}?virtual_host={db}"
     return redis_url

@@ -149,6 +149,9 @@ def test_no_error_of_the_library_shows_a_password() -> None:
         (lambda: RedisStore(f"redis://:{SECRET}/0@cache.example/0"), ConfigurationError, "cache.example"),
         (lambda: RedisStore(f"redis://:{SECRET}@127.0.0.1:1/0").checkpoints.load("s"), StoreUnavailableError, "127.0.0.1:1"),
         (lambda: SqlStore(f"postgresql+psycopg://u:{SECRET}@db.example:notaport/app"), ConfigurationError, "db.example"),
+        # A password that a driver would cut short, leaving the rest in the host or socket path it shows.
+        (lambda: SqlStore(f"postgresql+psycopg://u:x@{SECRET}@db.example/app"), ConfigurationError, "db.example/app"),
+        (lambda: RedisStore(f"unix://:{SECRET}/x@/run/redis.sock?db=0"), ConfigurationError, "/run/redis.sock"),
     ]  # fmt: skip
     for make, error, host in cases:
         with pytest.raises(error) as caught:
@@ -182,3 +185,13 @@ def test_the_fleet_demo_prints_a_shared_redis_without_its_password(password_redi
     demo = FleetDemo(Console(file=output, width=300), url, shared=True, sessions={}, log_dir=str(tmp_path))
     demo.how_to_look("s1")
     assert_hidden(output.getvalue(), f"LOUSHO_REDIS_URL=unix://:***@{password_redis}?db=0")
+
+
+def test_a_unix_broker_url_keeps_its_password_whole() -> None:
+    # A '?' in the password is not where the query starts: cut there, the URL kept the password where
+    # no redaction could find it.
+    assert (
+        broker_url(f"unix://:a?{SECRET}@/run/redis.sock?db=2")
+        == f"redis+socket://:a?{SECRET}@/run/redis.sock?virtual_host=2"
+    )
+    assert broker_url("unix:///run/a@b/redis.sock?db=3") == "redis+socket:///run/a@b/redis.sock?virtual_host=3"
