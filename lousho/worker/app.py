@@ -20,8 +20,8 @@ from celery import Celery
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.config import FleetSettings, celery_config
+from lousho.worker.running import watch_shutdown
 from lousho.worker.runtime import FleetRuntime
-from lousho.worker.shutdown import watch_shutdown
 from lousho.worker.tasks import register_tasks
 from lousho.worker.transport import AMQP
 

@@ -19,13 +19,17 @@ __all__ = ["heartbeat"]
 log = logging.getLogger("lousho.worker")
 
 
-def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> None:
+def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None) -> None:
     if not lease.held:  # released already (a save that ended the step): the work is over
         return
     try:
         if not lease.extend():
             log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
         runtime.store.checkpoints.touch_inflight(session_id)
+        if entry is not None:  # a tool call's run: still alive (worker/running.py)
+            with redis_errors(runtime.store.client, "update the fleet's running index"):
+                now_ms = runtime.store.checkpoints.server_time_ms()
+                runtime.store.client.zadd(runtime.keys.running, {entry: now_ms}, xx=True)
         with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
             aborted = runtime.store.client.exists(runtime.keys.abort(session_id))
         if aborted:
@@ -35,8 +39,11 @@ def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSig
 
 
 @contextlib.asynccontextmanager
-async def heartbeat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal) -> AsyncIterator[None]:
-    """Beat every `heartbeat_s` for as long as the body runs.
+async def heartbeat(
+    runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None = None
+) -> AsyncIterator[None]:
+    """Beat every `heartbeat_s` for as long as the body runs (`entry`: a tool call's run, whose score in
+    the running index each beat pushes to now).
 
     A timer on the event loop, not a task: most steps end long before the first beat, and a
     timer costs nothing to cancel, where a task costs loop iterations to start and cancel on
@@ -47,7 +54,7 @@ async def heartbeat(runtime: FleetRuntime, session_id: str, lease: Lease, signal
     def beat() -> None:
         nonlocal timer
         try:
-            _beat(runtime, session_id, lease, signal)
+            _beat(runtime, session_id, lease, signal, entry)
         finally:  # whatever a beat raised, the next one still comes
             timer = loop.call_later(runtime.settings.heartbeat_s, beat)
 

@@ -81,6 +81,8 @@ class CallBegun:
     checkpoint: Checkpoint | None
     epoch: str
     """The session's incarnation as the call began (epoch.lua)."""
+    shared: int = 0
+    """Starts of the call whose run died together with other sessions' runs (not counted in `state`)."""
 
 
 @dataclass
@@ -112,7 +114,7 @@ class FleetScripts:
             self._undo_begin(session_id, lease, attempt_field)
             raise
 
-    def begin_call(self, session_id: str, field: str, lease: Lease) -> CallBegun:
+    def begin_call(self, session_id: str, field: str, lease: Lease, entry: str) -> CallBegun:
         """Read the checkpoint and the abort flag; unless the call's result is committed, take the
         call's lease and count this start. A damaged checkpoint is handed back untouched."""
         known = self.store.checkpoints.cached(session_id)
@@ -123,8 +125,9 @@ class FleetScripts:
             self.keys.abort(session_id),
             *self.store.checkpoints.read_keys(session_id),
             self.keys.epoch(session_id),
+            self.keys.running,
         ]
-        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", new_epoch()]
+        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", new_epoch(), entry]
         started = time.monotonic()
         with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
             reply = self._call_begin(keys=keys, args=args)
@@ -135,24 +138,27 @@ class FleetScripts:
         try:
             checkpoint = self.store.checkpoints.from_reply(session_id, reply[2], known)
         except CorruptCheckpointError:
-            self.undo_call(session_id, field, lease, epoch)
+            self.undo_call(session_id, field, lease, (epoch, entry))
             raise
-        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint, epoch=epoch)
+        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint, epoch=epoch, shared=int(reply[4]))
 
-    def undo_call(self, session_id: str, field: str, lease: Lease, epoch: str) -> None:
-        """Take back `begin_call` (the call does not run after all: recorded, stale, not approved)."""
+    def undo_call(self, session_id: str, field: str, lease: Lease, run: tuple[str, str]) -> None:
+        """Take back `begin_call` (the call does not run after all: recorded, stale, not approved).
+        `run`: the call's epoch and its entry in the running index."""
         if lease.held:
-            self.count(session_id, epoch, f"call:{field}", -1)
+            self.count(session_id, run[0], f"call:{field}", -1)
+            self.leave_running(run[1])
             lease.release()
 
     def commit_call(
-        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, epoch: str
+        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, run: tuple[str, str]
     ) -> Begun | None:
         """Commit the call's result (first writer wins), release its lease, then `begin_step`.
-        Raises `SessionSupersededError` when the session is another incarnation than `epoch` now."""
+        `run`: the call's epoch and its entry in the running index. Raises `SessionSupersededError`
+        when the session is another incarnation than that epoch now."""
         keys, args, known = self._begin_parts(session_id, lease, "")
-        commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:]]  # call_commit.lua's KEYS order
-        commit_args = [field, result_json, call_lease.token, epoch, *args[:-1]]
+        commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:], self.keys.running]  # call_commit.lua's order
+        commit_args = [field, result_json, call_lease.token, run[0], *args[:-1], run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply = self._commit(keys=commit_keys, args=commit_args)
@@ -187,7 +193,7 @@ class FleetScripts:
         return AndThen(script=self._save_end, keys=keys, args=args)
 
     def commit_fold(
-        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, ending: Ending
+        self, session_id: str, field: str, result_json: str, call_lease: Lease, lease: Lease, ending: Ending, entry: str
     ) -> AndThen:
         """commit_fold.lua after a save fenced on `lease` (not taken yet: the script takes it)."""
         keys = [
@@ -199,9 +205,17 @@ class FleetScripts:
             self.keys.parked,
             self.keys.abort(session_id),
             self.keys.epoch(session_id),
+            self.keys.running,
         ]
-        args: list[str | int] = [field, result_json, call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch]
+        args: list[str | int] = [
+            *(field, result_json, call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch, entry)
+        ]
         return AndThen(script=self._commit_fold, keys=keys, args=args)
+
+    def leave_running(self, entry: str) -> None:
+        """The run's entry leaves the running index (a task that ends without committing)."""
+        with redis_errors(self.client, "update the fleet's running index"):
+            self.client.zrem(self.keys.running, entry)
 
     def commit_result(self, session_id: str, epoch: str, field: str, result_json: str) -> bool:
         """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""

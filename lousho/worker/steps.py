@@ -49,6 +49,7 @@ from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
+from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Begun, turn_results
 
@@ -251,7 +252,7 @@ class SessionSteps:
         return window
 
     async def fold_last_result(
-        self, checkpoint: Checkpoint, call: ToolCall, field: str, result_json: str, call_lease: Lease
+        self, checkpoint: Checkpoint, call: ToolCall, running: RunningCall, result_json: str, call_lease: Lease
     ) -> str | None:
         """`call` is the only call its turn waits for, and it has run: commit its result, take the
         session's lease, save the fold and end the step, in one round trip (commit_fold.lua). None
@@ -264,7 +265,7 @@ class SessionSteps:
         ending = self.step_end.prepare()
         assert self.step_end.fenced is not None
         self.step_end.fenced.and_then = self.scripts.commit_fold(
-            self.session_id, field, result_json, call_lease, lease, ending
+            self.session_id, running.field, result_json, call_lease, lease, ending, running.entry
         )
         try:
             await run.save(folded)

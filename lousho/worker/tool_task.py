@@ -26,7 +26,8 @@ from lousho.worker.dispatch import send_advance
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
-from lousho.worker.shutdown import RunningCall, running_calls
+from lousho.worker.running import RunningCall, running_calls
+from lousho.worker.scripts import CallBegun
 from lousho.worker.steps import SessionSteps, tool_turn
 
 __all__ = ["run_tool_call"]
@@ -38,20 +39,18 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     if turn <= 0:  # a message from before the turn was sent along: read it off the checkpoint
         checkpoint = steps.runtime.store.checkpoints.load(steps.session_id)
         turn = tool_turn(checkpoint) if checkpoint is not None else 0
-    field = result_field(turn, call_id)
-    settings = steps.runtime.settings
-    call_lease = Lease(steps.client, steps.keys.call_lease(steps.session_id, call_id), settings.lease_ttl_ms)
-    begun = steps.scripts.begin_call(steps.session_id, field, call_lease)
-    steps.epoch = steps.step_end.epoch = begun.epoch
-    if begun.checkpoint is None:
-        steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
-        return "unknown-session"
+    running = RunningCall(steps.keys, steps.session_id, result_field(turn, call_id))
+    call_lease = Lease(
+        steps.client, steps.keys.call_lease(steps.session_id, call_id), steps.runtime.settings.lease_ttl_ms
+    )
+    begun = steps.scripts.begin_call(steps.session_id, running.field, call_lease, running.entry)
+    steps.epoch = steps.step_end.epoch = running.epoch = begun.epoch
     checkpoint = begun.checkpoint
-    pending = checkpoint.pending_tool_calls() if tool_turn(checkpoint) == turn else []
+    pending = checkpoint.pending_tool_calls() if checkpoint is not None and tool_turn(checkpoint) == turn else []
     call = next((c for c in pending if c.id == call_id), None)
-    if call is None:
-        steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
-        return "recorded"
+    if checkpoint is None or call is None:
+        steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+        return "unknown-session" if checkpoint is None else "recorded"
     if begun.state == 0:
         return "running-elsewhere"
     if begun.state < 0:  # committed by an earlier copy: only the fold may be left to do
@@ -61,39 +60,38 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
         run = await steps.make_run(checkpoint, call_lease)
         plan = await _plan(steps, run, checkpoint, call)
         if plan is None:
-            steps.scripts.undo_call(steps.session_id, field, call_lease, begun.epoch)
+            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
             return "waiting-for-approval"
-        result = await _run_started(steps, run, plan, (field, call_lease), begun.state)
-    except PropagatingToolError as exc:
+        result = await _run_started(steps, run, plan, (running, call_lease), begun)
+    except BaseException as exc:
         call_lease.release()
+        steps.scripts.leave_running(running.entry)
+        if not isinstance(exc, PropagatingToolError):
+            raise
         steps.park(f"tool call {call.id} raised PropagatingToolError: {exc}")
         return "parked"
-    except BaseException:
-        call_lease.release()
-        raise
     result_json = json.dumps(result, default=str)
     if checkpoint.status == "in-progress" and [c.id for c in pending] == [call.id] and not steps.aborted():
-        folded = await steps.fold_last_result(checkpoint, call, field, result_json, call_lease)
+        folded = await steps.fold_last_result(checkpoint, call, running, result_json, call_lease)
         return folded or await fold_when_free(steps)
-    return await fold_when_free(steps, (field, result_json, call_lease))
+    return await fold_when_free(steps, (running, result_json, call_lease))
 
 
 async def _run_started(
-    steps: SessionSteps, run: Run, plan: PlannedCall, leased: tuple[str, Lease], started: int
+    steps: SessionSteps, run: Run, plan: PlannedCall, leased: tuple[RunningCall, Lease], begun: CallBegun
 ) -> Any:
-    """The call's result: the tool's, or a poison error once it was started `max_attempts` times.
-    `leased`: the call's field and lease. While it runs, a shutdown of this worker takes its start
-    back (`shutdown.py`)."""
-    field, call_lease = leased
+    """The call's result: the tool's, or a poison error once its worker died `max_attempts` times
+    while it ran alone (or three times that, counting the deaths it shared with other sessions' runs:
+    `running.py`). While it runs, a shutdown of this worker takes its start back."""
+    running, call_lease = leased
     max_attempts = steps.runtime.settings.max_attempts
-    if started > max_attempts:
+    if begun.state > max_attempts or begun.state + begun.shared > 3 * max_attempts:
         return tool_error(
             "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
         )
-    running = RunningCall(steps.keys, steps.session_id, steps.epoch, field)
     running_calls.add(running)
     try:
-        async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal):
+        async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal, running.entry):
             return await _run_abortable(steps, run, plan)
     finally:
         running_calls.discard(running)
@@ -120,13 +118,15 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
         return CANCELLED_RESULT
 
 
-async def fold_when_free(steps: SessionSteps, commit: tuple[str, str, Lease] | None = None) -> str:
-    """Commit the call's result (`commit`: its field, result JSON and lease), then fold under the
-    session's lease; if the lease stays busy, leave the fold to an `advance` task."""
+async def fold_when_free(steps: SessionSteps, commit: tuple[RunningCall, str, Lease] | None = None) -> str:
+    """Commit the call's result (`commit`: the call, its result JSON and its lease), then fold under
+    the session's lease; if the lease stays busy, leave the fold to an `advance` task."""
     deadline = time.monotonic() + steps.runtime.settings.lock_wait_s
     lease = steps.session_lease()
     if commit is not None:
-        begun = steps.scripts.commit_call(steps.session_id, commit[0], commit[1], commit[2], lease, steps.epoch)
+        running, result_json, call_lease = commit
+        run = (running.epoch, running.entry)
+        begun = steps.scripts.commit_call(steps.session_id, running.field, result_json, call_lease, lease, run)
     else:
         begun = steps.scripts.begin_step(steps.session_id, lease)
     while begun is None:

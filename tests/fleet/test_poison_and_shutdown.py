@@ -39,3 +39,31 @@ def test_a_call_cut_short_by_its_workers_shutdown_is_not_poison(fleet: Fleet) ->
     assert checkpoint is not None
     assert [m.content for m in checkpoint.messages if m.role == "tool"] == ['{"n": 3, "square": 9}']
     assert fleet.counts("runs")["d-1"] == 4
+
+
+def test_calls_whose_workers_die_together_are_not_poison(fleet: Fleet) -> None:
+    """Two sessions' calls on two workers of one host, both killed at the same moment three times (a node
+    or a deploy that does not wait): neither call killed its worker, and both get their real results."""
+    for session, n in (("node-a", 2), ("node-b", 5)):
+        fleet.script(session, [tool_turn((f"{session}-1", "work", {"n": n, "sleep_s": 4.0})), Message.assistant("done")])
+    fleet.start_reaper()
+    fleet.start_worker()
+    fleet.start_worker()
+    fleet.client.enqueue("jobs", "go", session_id="node-a")
+    fleet.client.enqueue("jobs", "go", session_id="node-b")
+    for death in range(1, 4):
+        pids = {wait_for_runs(fleet, f"{s}-1", death) for s in ("node-a", "node-b")}
+        assert len(pids) == 2, "both calls on one worker: the test needs one each"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            fleet.worker_with_pid(pid).kill(signal.SIGKILL)
+        fleet.start_worker()
+        fleet.start_worker()
+    fleet.wait_for(["node-a", "node-b"], timeout_s=90)
+
+    for session, n in (("node-a", 2), ("node-b", 5)):
+        checkpoint = fleet.client.checkpoint(session)
+        assert checkpoint is not None
+        assert [m.content for m in checkpoint.messages if m.role == "tool"] == [f'{{"n": {n}, "square": {n * n}}}']
+        assert fleet.counts("runs")[f"{session}-1"] == 4

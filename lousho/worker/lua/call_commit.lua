@@ -3,11 +3,16 @@
 -- while the session is still the incarnation the call ran for (epoch.lua): otherwise nothing.
 --
 -- needs: lousho.worker:begin_step
--- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs, 9 epoch
+-- The run leaves the fleet's running index (call_begin.lua) in any case.
+--
+-- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs, 9 epoch,
+--       10 running
 -- ARGV: 1 the call's field, 2 result JSON, 3 call lease token, 4 the call's epoch, then as
---       step_begin.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id
+--       step_begin.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id; then
+--       10 the run's entry in the running index
 -- Reply: {-1} when the session is another incarnation now | begin_step's
 if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+redis.call('ZREM', KEYS[10], ARGV[10])
 if not same_epoch(KEYS[9], ARGV[4]) then return {-1} end
 redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 local k = {results = KEYS[1], lease = KEYS[3], parked = KEYS[4], abort = KEYS[5], attempts = KEYS[6],

@@ -7,15 +7,17 @@
 --
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
---       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort, 13 epoch
+--       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort, 13 epoch, 14 running
 -- ARGV: save_checkpoint's (9: the session id; 10: the token to take the session's lease with; 11
 --       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms,
---       the next model turn's message ('' = the worker sends it), the call's epoch
+--       the next model turn's message ('' = the worker sends it), the call's epoch, the run's entry
+--       in the running index (call_begin.lua: the run leaves it in any case)
 -- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
 --        {save reply, end_step's reply}
 local own = 12 + tonumber(ARGV[11])
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
 local next_message, epoch = ARGV[own + 4], ARGV[own + 5]
+redis.call('ZREM', KEYS[14], ARGV[own + 6])
 if not same_epoch(KEYS[13], epoch) then
   if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
   return {{'skipped', 'the session is another incarnation now'}}

@@ -1,4 +1,10 @@
-"""A worker's own shutdown is not its tool call's fault (issue #21).
+"""The tool calls a worker process runs: their entries in the fleet's running index, and a
+worker's own shutdown, which is not its tool call's fault (issue #21).
+
+Every run of a tool call is listed in the fleet's running index (`FleetKeys.running`, scored by its
+last beat) until its result is committed: a call started again after its run died finds there whether
+other sessions' runs on the same host died with it (lua/call_begin.lua), and such a start is not counted
+against the call.
 
 A tool call's starts are counted so that a call that kills its worker every time becomes poison
 (an error result) after `max_attempts` starts. A worker that is shut down from outside (a deploy's
@@ -11,6 +17,8 @@ that call (docs/reliability.md: 'Poison').
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,19 +29,29 @@ from lousho.errors import SDKError
 from lousho.stores.redis_common import load_script, redis_errors
 from lousho.worker.keys import FleetKeys
 
-__all__ = ["RunningCall", "running_calls", "watch_shutdown"]
+__all__ = ["HOST", "RunningCall", "running_calls", "watch_shutdown"]
 
 log = logging.getLogger("lousho.worker")
 
 
-@dataclass(frozen=True)
+HOST = socket.gethostname().replace("|", "_")
+
+
+@dataclass(eq=False)
 class RunningCall:
-    """A tool call this process is running: its start was counted in the session's attempts."""
+    """A tool call this process runs (its start is counted in the session's attempts once it began)."""
 
     keys: FleetKeys
     session_id: str
-    epoch: str
     field: str
+    """The call's `result_field`."""
+    epoch: str = ""
+    """The session's incarnation, once the call began (lua/epoch.lua)."""
+
+    @property
+    def entry(self) -> str:
+        """Its entry in the running index: '<host>|<pid>|<session>|<field>' (lua/call_begin.lua)."""
+        return f"{HOST}|{os.getpid()}|{self.session_id}|{self.field}"
 
 
 running_calls: set[RunningCall] = set()
