@@ -14,8 +14,9 @@ layout, or one written by hand) and is read as it is.
 A store remembers, per session, the version, writer id and message objects of the last
 checkpoint it saved or loaded (`SessionCache`); when the stored head still carries that writer id,
 a save finds the unchanged prefix by identity (`common_prefix`) and stores only the new messages.
-Only saves use it here: a load reads and checks every message the head names, so a message damaged
-since this process wrote it raises there as in any other process (issue #21).
+In SqlStore and FileStore only saves use it: a load reads and checks every message the head names,
+so a message damaged since this process wrote it raises there as in any other process (issue #21;
+RedisStore's load uses it only while the messages list matches the head's digest).
 """
 
 from __future__ import annotations
