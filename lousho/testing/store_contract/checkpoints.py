@@ -86,7 +86,6 @@ class CheckpointStoreContract(StoreContractBase):
         as_bytes = stored.encode() if isinstance(stored, str) else stored
         assert as_bytes == (raw.encode() if isinstance(raw, str) else raw), "the stored value was changed"
 
-
     def test_sessions_by_status_goes_past_an_unreadable_record(self, checkpoints: Any) -> None:
         """`sessions(status=...)` (optional) lists every readable session of that status; one whose record
         it cannot read is named in `skipped` (or listed, when the store keeps the status apart), never
