@@ -15,7 +15,8 @@ content type it does not accept) is logged and dropped by Celery, as before.
 
 `AMQP` is the Celery app's broker class that gives every connection of a lousho app this transport
 wherever kombu would pick its Redis one, whatever the URL's form (`redis://`, `rediss://`,
-`redis+socket://`): the transport is named by the URL, so no setting can swap it for all forms.
+`redis+socket://`); Celery's `broker_transport` setting cannot: a `redis+socket://` URL names kombu's
+transport itself.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ REJECTED_KEPT = 1000
 _LOGGED_BYTES = 200
 """How much of a rejected entry its log line shows."""
 
-# kombu is untyped: how its Redis transport reads an entry (text, then JSON) and decodes a body.
+# kombu's helpers are untyped: how its Redis transport reads an entry (text, then JSON) and decodes a body.
 _bytes_to_str: Callable[[bytes | str], str] = encoding.bytes_to_str
 _loads: Callable[[str], Any] = kombu_json.loads
 _base64_decode: Callable[[str], bytes] = Base64().decode
@@ -117,7 +118,8 @@ class Channel(redis.Channel):
     """kombu's Redis channel, taking in only what it can deliver: the rest is moved aside."""
 
     def _brpop_read(self, **options: Any) -> bool:
-        """kombu's `_brpop_read` (kombu 5.4 to 5.7), with `_take_in` where it decoded and delivered."""
+        """kombu 5.7's `_brpop_read` (earlier kombus' without the re-auth flush), with `_take_in` where
+        it decoded and delivered."""
         try:
             try:
                 reply = self.client.parse_response(self.client.connection, "BRPOP", **options)
