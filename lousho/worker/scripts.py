@@ -22,7 +22,7 @@ from lousho.stores.redis import RedisStore
 from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.segments import Known
-from lousho.worker.keys import FleetKeys, new_epoch
+from lousho.worker.keys import FleetKeys
 from lousho.worker.leases import Lease
 
 __all__ = ["Begun", "CallBegun", "Ending", "FleetScripts", "sends", "turn_results"]
@@ -75,7 +75,7 @@ class CallBegun:
     """What a tool call's task read as it tried the call's lease (`begin_call`)."""
 
     state: int
-    """-2: the session has no checkpoint; -1: the call's result is committed already; 0: someone else
+    """-1: the call's result is committed already; 0: someone else
     holds its lease; n: this is its n-th start, and the lease is ours."""
     aborted: bool
     checkpoint: Checkpoint | None
@@ -127,7 +127,7 @@ class FleetScripts:
             self.keys.epoch(session_id),
             self.keys.running,
         ]
-        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", new_epoch(), entry]
+        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", entry]
         started = time.monotonic()
         with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
             reply = self._call_begin(keys=keys, args=args)
@@ -158,7 +158,7 @@ class FleetScripts:
         when the session is another incarnation than that epoch now."""
         keys, args, known = self._begin_parts(session_id, lease, "")
         commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:], self.keys.running]  # call_commit.lua's order
-        commit_args = [field, result_json, call_lease.token, run[0], *args[:-1], run[1]]
+        commit_args = [field, result_json, call_lease.token, run[0], *args, run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply = self._commit(keys=commit_keys, args=commit_args)
@@ -230,10 +230,15 @@ class FleetScripts:
         with redis_errors(self.client, f"count a start of {attempt_field!r} of session {session_id!r}"):
             return int(self._guarded(keys=keys, args=[epoch, "count", attempt_field, by]))
 
-    def park(self, session_id: str, epoch: str, reason: str) -> bool:
-        """Mark the session parked and take it out of the in-flight index, if it is still `epoch`."""
+    def park(self, session_id: str, epoch: str | None, reason: str) -> bool:
+        """Mark the session parked and take it out of the in-flight index, if it is still `epoch`
+        (None: the step could not read the session, a damaged checkpoint: what it found is now)."""
         keys = [self.keys.epoch(session_id), self.keys.parked, self.store.keys.inflight]
         with redis_errors(self.client, f"park session {session_id!r}"):
+            if epoch is None:
+                self.client.hset(self.keys.parked, session_id, reason)
+                self.client.zrem(self.store.keys.inflight, session_id)
+                return True
             return int(self._guarded(keys=keys, args=[epoch, "park", session_id, reason, session_id])) == 1
 
     def _end_parts(self, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
@@ -271,7 +276,7 @@ class FleetScripts:
             *self.store.checkpoints.read_keys(session_id),
             self.keys.epoch(session_id),
         ]
-        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else "", new_epoch()]
+        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else ""]
         return keys, args, known
 
     def _undo_begin(self, session_id: str, lease: Lease, attempt_field: str) -> None:

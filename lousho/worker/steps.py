@@ -96,8 +96,9 @@ class SessionSteps:
         self.signal = AbortSignal()
         self.abort_flag = False
         """The session's abort flag as the step read it when it took its lease."""
-        self.epoch = ""
-        """The session's incarnation as the step read it (lua/epoch.lua): every write checks it."""
+        self.epoch: str | None = None
+        """The session's incarnation as the step read it (lua/epoch.lua): every write checks it.
+        None until the step has read it."""
         self.step_end = StepEnd(runtime, session_id)
         """What the step's end must do (`ending.py`)."""
 
@@ -127,10 +128,10 @@ class SessionSteps:
     def commit_result(self, checkpoint: Checkpoint, call_id: str, result: Any) -> bool:
         """Commit a call's one result: the first writer wins, later ones are dropped."""
         field = result_field(tool_turn(checkpoint), call_id)
-        return self.scripts.commit_result(self.session_id, self.epoch, field, json.dumps(result, default=str))
+        return self.scripts.commit_result(self.session_id, self.epoch or "", field, json.dumps(result, default=str))
 
     def count_attempt(self, what: str, by: int = 1) -> int:
-        counted = self.scripts.count(self.session_id, self.epoch, what, by)
+        counted = self.scripts.count(self.session_id, self.epoch or "", what, by)
         if counted < 0 and by > 0:
             raise SessionSupersededError(self.session_id, f"a start of {what!r}")
         return counted

@@ -1,4 +1,4 @@
--- begin_step(k, token, ttl_ms, session, attempt_field, known, proposed): take a session's lease
+-- begin_step(k, token, ttl_ms, session, attempt_field, known): take a session's lease
 -- and read what a step needs, in the same round trip. A library: step_begin.lua and
 -- call_commit.lua call it.
 --
@@ -6,17 +6,16 @@
 --
 -- k: the keys {lease, parked (hash of parked sessions), abort, attempts (hash), results (hash),
 -- head, msgs, epoch}. attempt_field: the attempts field to count one more start of ('' = none).
--- known: the writer id the caller holds the transcript of (read_checkpoint.lua). proposed: the
--- epoch to give a stored session that has none (epoch.lua).
+-- known: the writer id the caller holds the transcript of (read_checkpoint.lua).
 -- Reply: {0} when someone else holds the lease | {1, parked 0/1, aborted 0/1, attempts (0 when
 -- none counted), {field, result, ...} (the committed results hash), {read_checkpoint reply},
--- the session's epoch ('' when it has no checkpoint)}
-local function begin_step(k, token, ttl_ms, session, attempt_field, known, proposed)
+-- the session's epoch}
+local function begin_step(k, token, ttl_ms, session, attempt_field, known)
   if not redis.call('SET', k.lease, token, 'NX', 'PX', ttl_ms) then return {0} end
   local parked = redis.call('HEXISTS', k.parked, session)
   local aborted = redis.call('EXISTS', k.abort)
-  local epoch = session_epoch(k.epoch, k.head, proposed)
+  local epoch = session_epoch(k.epoch)
   local attempts = 0
-  if attempt_field ~= '' and epoch ~= '' then attempts = redis.call('HINCRBY', k.attempts, attempt_field, 1) end
+  if attempt_field ~= '' then attempts = redis.call('HINCRBY', k.attempts, attempt_field, 1) end
   return {1, parked, aborted, attempts, redis.call('HGETALL', k.results), read_checkpoint(k.head, k.msgs, known), epoch}
 end

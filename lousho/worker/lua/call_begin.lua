@@ -14,16 +14,13 @@
 -- needs: read_checkpoint, lousho.worker:epoch
 -- KEYS: 1 results, 2 call lease, 3 attempts, 4 abort, 5 head, 6 msgs, 7 epoch, 8 running (zset)
 -- ARGV: 1 the call's field ('<turn>:<call id>'), 2 token (without its epoch), 3 ttl ms,
---       4 known writer id, 5 the epoch to give a session stored without one, 6 this run's entry
---       in the running index ('<host>|<pid>|<session>|<field>')
+--       4 known writer id, 5 this run's entry in the running index ('<host>|<pid>|<session>|<field>')
 -- Reply: {state, aborted 0/1, {read_checkpoint reply}, epoch, shared}; state: -1 committed already
 --        | 0 someone else holds the call's lease | n: this is the call's n-th start counted against
---        it (the lease is ours, its token `token@epoch`) | -2: the session has no checkpoint;
---        shared: its starts that died with others
+--        it (the lease is ours, its token `token@epoch`); shared: its starts that died with others
 local aborted = redis.call('EXISTS', KEYS[4])
 local checkpoint = read_checkpoint(KEYS[5], KEYS[6], ARGV[4])
-local epoch = session_epoch(KEYS[7], KEYS[5], ARGV[5])
-if epoch == '' then return {-2, aborted, checkpoint, epoch, 0} end
+local epoch = session_epoch(KEYS[7])
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {-1, aborted, checkpoint, epoch, 0} end
 if stale_lease(KEYS[2], epoch) then redis.call('DEL', KEYS[2]) end
 if not redis.call('SET', KEYS[2], ARGV[2] .. '@' .. epoch, 'NX', 'PX', ARGV[3]) then
@@ -51,6 +48,6 @@ if started > 1 and last then
     end
   end
 end
-redis.call('HSET', KEYS[3], 'by:' .. field, ARGV[6])
-redis.call('ZADD', KEYS[8], now, ARGV[6])
+redis.call('HSET', KEYS[3], 'by:' .. field, ARGV[5])
+redis.call('ZADD', KEYS[8], now, ARGV[5])
 return {started, aborted, checkpoint, epoch, tonumber(redis.call('HGET', KEYS[3], 'shared:' .. field) or '0')}

@@ -17,4 +17,4 @@ if not same_epoch(KEYS[9], ARGV[4]) then return {-1} end
 redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 local k = {results = KEYS[1], lease = KEYS[3], parked = KEYS[4], abort = KEYS[5], attempts = KEYS[6],
   head = KEYS[7], msgs = KEYS[8], epoch = KEYS[9]}
-return begin_step(k, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], '')
+return begin_step(k, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])

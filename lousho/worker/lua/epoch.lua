@@ -4,21 +4,17 @@
 -- id while a worker still ran its old step) commits nothing and stands nothing down.
 -- A library: the worker's scripts call it.
 --
--- session_epoch(key, head, proposed): the session's epoch; a session stored without one (made in
--- process, or before epochs) gets `proposed`, and one that has no checkpoint gets none ('').
+-- session_epoch(key): the session's epoch; '' for a session that has none (made in process, or
+-- before epochs: nothing is written for it, so a damaged session's keys stay as they were).
 -- same_epoch(key, epoch): whether `epoch` is still the session's.
 -- stale_lease(key, epoch): whether the lease at `key` is held for another incarnation (its token
 -- ends in '@<epoch>'), so the current incarnation may take it over.
-local function session_epoch(key, head, proposed)
-  local epoch = redis.call('GET', key)
-  if epoch then return epoch end
-  if proposed == '' or redis.call('EXISTS', head) == 0 then return '' end
-  redis.call('SET', key, proposed)
-  return proposed
+local function session_epoch(key)
+  return redis.call('GET', key) or ''
 end
 
 local function same_epoch(key, epoch)
-  return epoch ~= '' and redis.call('GET', key) == epoch
+  return session_epoch(key) == epoch
 end
 
 local function stale_lease(key, epoch)

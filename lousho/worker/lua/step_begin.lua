@@ -4,9 +4,8 @@
 --
 -- needs: lousho.worker:begin_step
 -- KEYS: 1 lease, 2 parked, 3 abort, 4 attempts, 5 results, 6 head, 7 msgs, 8 epoch
--- ARGV: 1 token, 2 ttl ms, 3 session id, 4 attempts field ('' = none), 5 known writer id,
---       6 the epoch to give a session stored without one
+-- ARGV: 1 token, 2 ttl ms, 3 session id, 4 attempts field ('' = none), 5 known writer id
 -- Reply: begin_step's
 local k = {lease = KEYS[1], parked = KEYS[2], abort = KEYS[3], attempts = KEYS[4], results = KEYS[5],
   head = KEYS[6], msgs = KEYS[7], epoch = KEYS[8]}
-return begin_step(k, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+return begin_step(k, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
