@@ -7,15 +7,16 @@ onto the real queue list; the test plays the worker that takes messages (or lose
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from pydantic import BaseModel
 
-from lousho import Agent, ToolContext, define_tool
+from lousho import Agent, Message, ToolContext, define_tool
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.worker import FleetSettings, broker_url, create_app
 from lousho.worker.steps import SessionSteps
-from tests.fleet.conftest import Fleet
+from tests.fleet.conftest import Fleet, tool_turn
 
 
 class Nothing(BaseModel):
@@ -52,3 +53,30 @@ def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(fleet: 
     fleet.redis.rpop(fleet.queue)
     runtime.run(SessionSteps(runtime, "r").advance(redispatch=True))
     assert queued_calls(fleet) == ["r/turn/1/tool/c2", "r/turn/1/tool/c1"]
+
+
+def test_requeues_of_a_session_with_queued_calls_send_no_copies(fleet: Fleet) -> None:
+    """Real workers: two die running two of a turn's three calls while the third waits on the queue;
+    with no worker left, the reaper requeues the session twice. The replacement worker runs the third
+    call, then the two requeues: the first sends the two lost calls again, the second finds them queued
+    and sends nothing. Each lost call is received twice in all (its lost copy and one more), never three times."""
+    fleet.env["LOUSHO_TEST_TOOL_CONCURRENCY"] = "3"
+    calls = [(f"q-{i}", "work", {"n": i, "sleep_s": 2.0}) for i in range(1, 4)]
+    fleet.script("queued", [tool_turn(*calls), Message.assistant("done")])
+    first, second = fleet.start_worker(), fleet.start_worker()
+    fleet.client.enqueue("jobs", "go", session_id="queued")
+    running = {fleet.pid_running("q-1"), fleet.pid_running("q-2")}
+    assert running == {first.pid, second.pid}
+    first.kill()
+    second.kill()
+    fleet.start_reaper()
+    deadline = time.monotonic() + 20
+    while fleet.redis.llen(fleet.queue) < 3 and time.monotonic() < deadline:  # q-3, then two requeues
+        time.sleep(0.05)
+    assert fleet.redis.llen(fleet.queue) == 3
+    fleet.start_worker()
+    fleet.wait_for(["queued"], timeout_s=60)
+
+    logs = "".join(w.log() for w in fleet.workers)
+    received = {call: logs.count(f"queued/turn/1/tool/{call}] received") for call in ("q-1", "q-2", "q-3")}
+    assert received == {"q-1": 2, "q-2": 2, "q-3": 1}
