@@ -46,11 +46,23 @@ def reap_once(
             store.checkpoints.drop_inflight(session_id)
             continue
         store.checkpoints.touch_inflight(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
+        if not _mark_requeue(client, keys.requeued(session_id), now_ms, settings.requeue_wait_ms):
+            continue  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
         send_advance(app, session_id, "reaper")
         requeued.append(session_id)
     if requeued:
         log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))
     return requeued
+
+
+def _mark_requeue(client: Any, mark: str, now_ms: int, wait_ms: int) -> bool:
+    """Mark a requeue about to be sent, unless the last one is still waiting to be taken (the mark
+    holds until when it may wait: a worker that takes it deletes it, `SessionSteps.advance`)."""
+    waiting = client.get(mark)
+    if waiting is not None and int(waiting) > now_ms:
+        return False
+    client.set(mark, now_ms + wait_ms, px=wait_ms)
+    return True
 
 
 def run_reaper(store: RedisStore, app: Any, settings: FleetSettings, passes: int | None = None) -> None:

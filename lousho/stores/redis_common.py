@@ -62,7 +62,7 @@ class RedisKeys:
         """The keys a fleet keeps beside a session's checkpoint (lousho/worker/keys.py: its lease,
         results, marks, poison counts, abort flag, incarnation). Deleting the session deletes them:
         a worker still on the old run then has no lease to save under (issue #21)."""
-        parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch")
+        parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued")
         return [self.session_key(session_id, part) for part in parts]
 
     @property

@@ -51,6 +51,13 @@ class FleetSettings:
     Celery's publish: its `task-sent` events and `after_task_publish` signal for each step."""
 
     @property
+    def requeue_wait_ms(self) -> int:
+        """How long a requeue the reaper sent may wait on the queue before it sends another (the first
+        was lost): four `requeue_backoff_s`. Under a backlog the reaper adds one message per session,
+        not one per pass (issue #21)."""
+        return max(1, round(self.requeue_backoff_s * 4000))
+
+    @property
     def lease_ttl_ms(self) -> int:
         return max(1, round(self.lease_ttl_s * 1000))
 

@@ -51,6 +51,12 @@ class FleetKeys:
     def abort(self, session_id: str) -> str:
         return self.store.keys.session_key(session_id, "abort")
 
+    def requeued(self, session_id: str) -> str:
+        """While a reaper's `advance` for the session waits on the queue: until when it may wait (server
+        ms; `FleetSettings.requeue_wait_ms`). The reaper sends no other until a worker takes it or that
+        time passes (issue #21)."""
+        return self.store.keys.session_key(session_id, "requeued")
+
     def epoch(self, session_id: str) -> str:
         """The session's incarnation (lua/epoch.lua): set anew when `Client.enqueue` creates the
         session, so work of a deleted session of the same id commits nothing (issue #21)."""

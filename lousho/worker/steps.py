@@ -44,6 +44,7 @@ from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
 from lousho.stores.redis_checkpoints import SaveSkipped
+from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
@@ -147,9 +148,13 @@ class SessionSteps:
 
     # -- advance -----------------------------------------------------------------------
 
-    async def advance(self, expected_turn: int | None = None, redispatch: bool = False) -> str:
+    async def advance(self, expected_turn: int | None = None, redispatch: bool = False, requeue: bool = False) -> str:
         """Do what is next for the session, under its lease; a busy lease means someone else is on it.
-        A `model_turn` task counts its turn's start as it takes the lease (poison detection)."""
+        A `model_turn` task counts its turn's start as it takes the lease (poison detection).
+        `requeue`: this is the reaper's `advance`, taken now: the reaper may send another (keys.requeued)."""
+        if requeue:
+            with redis_errors(self.client, f"take the requeue mark of session {self.session_id!r}"):
+                self.client.delete(self.keys.requeued(self.session_id))
         lease = self.session_lease()
         attempt = f"turn:{expected_turn}" if expected_turn is not None else ""
         begun = self.scripts.begin_step(self.session_id, lease, attempt)

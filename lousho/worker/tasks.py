@@ -62,7 +62,8 @@ def register_tasks(app: Any, runtime: FleetRuntime) -> None:
     @app.task(name=TASK_ADVANCE)  # type: ignore[untyped-decorator]
     def advance(session_id: str, reason: str = "") -> str:
         """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
-        return _guarded(runtime, session_id, lambda steps: steps.advance(redispatch=reason in ("reaper", "resume")))
+        redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
+        return _guarded(runtime, session_id, lambda steps: steps.advance(redispatch=redispatch, requeue=requeue))
 
     @app.task(name=TASK_REAP)  # type: ignore[untyped-decorator]
     def reap() -> int:

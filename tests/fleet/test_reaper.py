@@ -70,12 +70,29 @@ def test_a_requeued_session_is_not_requeued_again_until_its_backoff_passes(fleet
     now = later(fleet)
 
     first = reap_once(fleet.store, recorder, settings, now_ms=now)
-    fleet.redis.delete(fleet.client.keys.reaper_lock)
+    fleet.redis.delete(fleet.client.keys.reaper_lock, fleet.client.keys.requeued("once"))  # a worker took it
     second = reap_once(fleet.store, recorder, settings, now_ms=now + 1_000)
     fleet.redis.delete(fleet.client.keys.reaper_lock)
     third = reap_once(fleet.store, recorder, settings, now_ms=now + 31_000)
 
     assert (first, second, third) == (["once"], [], ["once"])
+
+
+def test_a_requeue_still_waiting_on_the_queue_is_not_sent_again_until_it_may_be_lost(fleet: Fleet) -> None:
+    """Under a backlog the reaper adds one message per session, not one per pass (issue #21); a requeue
+    nobody took in `requeue_wait_ms` (lost with its worker) is sent again."""
+    recorder = Recorder(fleet.queue)
+    fleet.client.app = recorder  # type: ignore[assignment]
+    fleet.client.enqueue("jobs", "go", session_id="waits")
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=30)
+    now = later(fleet)
+
+    passes = []
+    for at in (now, now + 31_000, now + 62_000, now + settings.requeue_wait_ms + 1):
+        fleet.redis.delete(fleet.client.keys.reaper_lock)
+        passes.append(reap_once(fleet.store, recorder, settings, now_ms=at))
+
+    assert passes == [["waits"], [], [], ["waits"]]
 
 
 def test_several_reapers_at_once_requeue_each_session_once(fleet: Fleet) -> None:

@@ -57,9 +57,10 @@ def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(fleet: 
 
 def test_requeues_of_a_session_with_queued_calls_send_no_copies(fleet: Fleet) -> None:
     """Real workers: two die running two of a turn's three calls while the third waits on the queue;
-    with no worker left, the reaper requeues the session twice. The replacement worker runs the third
-    call, then the two requeues: the first sends the two lost calls again, the second finds them queued
-    and sends nothing. Each lost call is received twice in all (its lost copy and one more), never three times."""
+    with no worker left, the reaper requeues the session, and an operator resumes it too. The
+    replacement worker runs the third call, then the requeue, which sends the two lost calls again,
+    then the resume, which finds them queued and sends nothing. Each lost call is received twice in all
+    (its lost copy and one more), never three times."""
     fleet.env["LOUSHO_TEST_TOOL_CONCURRENCY"] = "3"
     calls = [(f"q-{i}", "work", {"n": i, "sleep_s": 2.0}) for i in range(1, 4)]
     fleet.script("queued", [tool_turn(*calls), Message.assistant("done")])
@@ -71,8 +72,9 @@ def test_requeues_of_a_session_with_queued_calls_send_no_copies(fleet: Fleet) ->
     second.kill()
     fleet.start_reaper()
     deadline = time.monotonic() + 20
-    while fleet.redis.llen(fleet.queue) < 3 and time.monotonic() < deadline:  # q-3, then two requeues
+    while fleet.redis.llen(fleet.queue) < 2 and time.monotonic() < deadline:  # q-3, then the requeue
         time.sleep(0.05)
+    fleet.client.resume("queued")
     assert fleet.redis.llen(fleet.queue) == 3
     fleet.start_worker()
     fleet.wait_for(["queued"], timeout_s=60)
