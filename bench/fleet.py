@@ -36,11 +36,11 @@ import redis
 from celery import Celery
 
 from bench.common import ROOT, delete_prefix, stats
+from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client, reap_once
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings, broker_url
-from lousho.worker.config import celery_config
 
 APPS = {"lousho": "bench.fleet_app", "floor": "bench.floor_app"}
 OUTBOX_OFF = "lousho, outbox off"

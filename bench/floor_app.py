@@ -15,8 +15,8 @@ import time
 import redis as redis_py
 from celery import Celery
 
+from lousho.fleet.settings import celery_config
 from lousho.worker import FleetSettings, broker_url
-from lousho.worker.config import celery_config
 
 URL = os.environ["LOUSHO_BENCH_REDIS"]
 PREFIX = os.environ["LOUSHO_BENCH_PREFIX"]

@@ -1,7 +1,16 @@
-"""lousho: durable LLM agent runs, in process or on a Celery fleet."""
+"""lousho: durable LLM agent runs, in process or on a Celery fleet.
+
+The run loop's names (`create_agent`, `AgentExecutor`, `RunResult`, `agent_tool`, ...) load on first
+use, so a web app that imports `lousho.scheduler` for its `Client` loads neither the run loop nor the
+worker (issue #14).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from lousho.abort import AbortSignal
-from lousho.agent import AgentSession, DurableAgent, EventStream, create_agent
 from lousho.approvals import ApprovalDecision, ApprovalSnapshot, ApprovalStore
 from lousho.checkpoint import Checkpoint, CheckpointStore, HistoryEntry, get_checkpoint_history
 from lousho.definition import Agent
@@ -14,6 +23,7 @@ from lousho.errors import (
     ConfigurationError,
     CorruptApprovalError,
     CorruptCheckpointError,
+    InvalidDecisionError,
     InvalidInputError,
     InvalidSessionIdError,
     LeaseLostError,
@@ -26,14 +36,11 @@ from lousho.errors import (
     StoreUnavailableError,
 )
 from lousho.events import Event
-from lousho.executor import AgentExecutor, InvalidDecisionError, ResumeOptions, resume_after_approval
 from lousho.fingerprint import AgentFingerprint, Drift
 from lousho.fork import ForkPatch, ForkResult
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
-from lousho.run import AgentDriftWarning, RunResult
 from lousho.stores.memory import memory_store
-from lousho.subagents import agent_tool
 from lousho.tools import Tool, ToolContext, define_tool
 from lousho.trajectory import (
     TrajectoryComparison,
@@ -41,6 +48,32 @@ from lousho.trajectory import (
     TrajectoryStep,
     compare_trajectories,
 )
+
+if TYPE_CHECKING:
+    from lousho.agent import AgentSession, DurableAgent, EventStream, create_agent
+    from lousho.executor import AgentExecutor, ResumeOptions, resume_after_approval
+    from lousho.run import AgentDriftWarning, RunResult
+    from lousho.subagents import agent_tool
+
+_RUN_LOOP = {
+    "AgentSession": "lousho.agent",
+    "DurableAgent": "lousho.agent",
+    "EventStream": "lousho.agent",
+    "create_agent": "lousho.agent",
+    "AgentExecutor": "lousho.executor",
+    "ResumeOptions": "lousho.executor",
+    "resume_after_approval": "lousho.executor",
+    "AgentDriftWarning": "lousho.run",
+    "RunResult": "lousho.run",
+    "agent_tool": "lousho.subagents",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _RUN_LOOP:
+        raise AttributeError(f"module 'lousho' has no attribute {name!r}")
+    return getattr(importlib.import_module(_RUN_LOOP[name]), name)
+
 
 __all__ = [
     "AbortSignal",

@@ -25,9 +25,9 @@ from lousho.errors import ConfigurationError
 from lousho.redaction import redact_url
 
 if TYPE_CHECKING:
+    from lousho.fleet.settings import FleetSettings
     from lousho.scheduler.client import Client
     from lousho.stores.redis import RedisStore
-    from lousho.worker.config import FleetSettings
 
 __all__ = ["ChildEnv", "LoushoSettings", "store_from_url"]
 
@@ -101,7 +101,7 @@ class LoushoSettings(BaseSettings):
         return self.redis_url
 
     def fleet_settings(self) -> FleetSettings:
-        from lousho.worker.config import FleetSettings
+        from lousho.fleet.settings import FleetSettings
 
         return FleetSettings(
             lease_ttl_s=self.lease_ttl_s,
@@ -111,7 +111,7 @@ class LoushoSettings(BaseSettings):
         )
 
     def broker(self) -> str:
-        from lousho.worker.config import broker_url
+        from lousho.fleet.settings import broker_url
 
         return broker_url(self.require_redis_url())
 

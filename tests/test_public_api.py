@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import lousho
 import lousho.providers
 import lousho.scheduler
@@ -49,3 +51,23 @@ def test_the_engine_imports_neither_celery_nor_redis() -> None:
     probe = "import sys, lousho, lousho.engine, lousho.executor, lousho.agent; print(sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'redis', 'sqlalchemy')))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+RUN_LOOP = {"lousho.run", "lousho.executor", "lousho.pausing", "lousho.subagents", "lousho.agent"}
+
+
+def test_the_web_apps_client_loads_neither_the_worker_nor_the_run_loop() -> None:
+    """`lousho.scheduler` (the `Client`, the reaper) needs the fleet's protocol (`lousho.fleet`), the
+    stores and the engine's data types, never the agents' code (issue #14)."""
+    code = "import sys, lousho.scheduler; print('\\n'.join(m for m in sys.modules if m.startswith('lousho')))"
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    assert "lousho.scheduler.client" in loaded and "lousho.fleet" in loaded
+    assert sorted(m for m in loaded if m.startswith("lousho.worker")) == []
+    assert sorted(loaded & RUN_LOOP) == []
+
+
+def test_the_run_loops_names_still_import_from_lousho() -> None:
+    assert lousho.create_agent.__module__ == "lousho.agent"
+    assert lousho.AgentExecutor.__module__ == "lousho.executor"
+    with pytest.raises(AttributeError):
+        _ = lousho.no_such_name  # type: ignore[attr-defined]

@@ -13,15 +13,13 @@ from lousho.approvals import ApprovalSnapshot, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import ConfigurationError, SDKError, SessionAwaitingApprovalError, StoreUnavailableError
+from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
+from lousho.fleet.keys import FleetKeys, new_epoch
+from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
-from lousho.worker.config import FleetSettings, celery_config
-from lousho.worker.dispatch import send_advance, send_model_turn
-from lousho.worker.keys import new_epoch
-from lousho.worker.runtime import FleetKeys
-from lousho.worker.steps import turn_number
 
 __all__ = ["Client", "SessionStatus"]
 

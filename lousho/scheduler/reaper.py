@@ -17,11 +17,11 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from lousho.errors import StoreUnavailableError
+from lousho.fleet.dispatch import send_advance
+from lousho.fleet.keys import FleetKeys
+from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
-from lousho.worker.config import FleetSettings
-from lousho.worker.dispatch import send_advance
-from lousho.worker.runtime import FleetKeys
 
 __all__ = ["reap_once", "run_reaper"]
 

@@ -59,7 +59,7 @@ class RedisKeys:
         return self.head(session_id), self.messages(session_id), self.history(session_id)
 
     def run_keys(self, session_id: str) -> list[str]:
-        """The keys a fleet keeps beside a session's checkpoint (lousho/worker/keys.py: its lease,
+        """The keys a fleet keeps beside a session's checkpoint (lousho/fleet/keys.py: its lease,
         results, marks, poison counts, abort flag, incarnation). Deleting the session deletes them:
         a worker still on the old run then has no lease to save under (issue #21)."""
         parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued")

@@ -17,9 +17,9 @@ from typing import Any
 
 from celery import Celery
 
+from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
-from lousho.worker.config import FleetSettings, celery_config
 from lousho.worker.running import watch_shutdown
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.tasks import register_tasks

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from lousho.checkpoint import Checkpoint
+from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
+from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
 from lousho.stores.redis_checkpoints import AndThen
-from lousho.worker.dispatch import model_turn_task, send, tool_call_task
-from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Ending, sends

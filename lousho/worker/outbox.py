@@ -37,9 +37,9 @@ from kombu import serialization
 from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
+from lousho.fleet.dispatch import StepTask
+from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
-from lousho.worker.config import FleetSettings
-from lousho.worker.dispatch import StepTask
 from lousho.worker.transport import decode_entry
 
 __all__ = ["Outbox"]

@@ -26,8 +26,8 @@ import redis
 from celery import signals
 
 from lousho.errors import SDKError
+from lousho.fleet.keys import FleetKeys
 from lousho.stores.redis_common import load_script, redis_errors
-from lousho.worker.keys import FleetKeys
 
 __all__ = ["HOST", "RunningCall", "running_calls", "watch_shutdown"]
 

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
+from lousho.fleet.keys import FleetKeys
+from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
-from lousho.worker.config import FleetSettings
-from lousho.worker.keys import FleetKeys
 from lousho.worker.outbox import Outbox
 from lousho.worker.scripts import FleetScripts
 

@@ -18,11 +18,11 @@ import redis
 
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CorruptCheckpointError, SessionSupersededError
+from lousho.fleet.keys import FleetKeys
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.segments import Known
-from lousho.worker.keys import FleetKeys
 from lousho.worker.leases import Lease
 
 __all__ = ["Begun", "CallBegun", "Ending", "FleetScripts", "sends", "turn_results"]

@@ -39,6 +39,8 @@ from lousho.engine import (
     record_tool_result,
 )
 from lousho.errors import CheckpointConflictError, PropagatingToolError, SessionSupersededError
+from lousho.fleet.dispatch import tool_turn, turn_number
+from lousho.fleet.keys import result_field
 from lousho.inputs import start_session
 from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume
@@ -48,25 +50,14 @@ from lousho.stores.redis_common import redis_errors
 from lousho.tools import tool_error
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
-from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Begun, turn_results
 
-__all__ = ["FencedCheckpoints", "SessionSteps", "tool_turn", "turn_number"]
+__all__ = ["FencedCheckpoints", "SessionSteps"]
 
 log = logging.getLogger("lousho.worker")
-
-
-def turn_number(checkpoint: Checkpoint) -> int:
-    """The next model turn's number over the whole transcript (task ids stay unique across runs)."""
-    return sum(m.role == "assistant" for m in checkpoint.messages) + 1
-
-
-def tool_turn(checkpoint: Checkpoint) -> int:
-    """The newest model turn's number: the turn whose tool calls are pending, if any."""
-    return turn_number(checkpoint) - 1
 
 
 def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:

@@ -14,7 +14,7 @@ from lousho.errors import (
     SDKError,
     SessionSupersededError,
 )
-from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
+from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
 from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
 from lousho.worker.tool_task import run_tool_call

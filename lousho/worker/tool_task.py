@@ -19,16 +19,16 @@ from lousho.abort import RunAborted
 from lousho.checkpoint import Checkpoint
 from lousho.engine import CANCELLED_RESULT, PlannedCall, abortable, plan_tool_call, run_planned_call
 from lousho.errors import PropagatingToolError
+from lousho.fleet.dispatch import send_advance, tool_turn
+from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
 from lousho.run import Run
 from lousho.tools import tool_error
-from lousho.worker.dispatch import send_advance
 from lousho.worker.heartbeat import heartbeat
-from lousho.worker.keys import result_field
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall, running_calls
 from lousho.worker.scripts import CallBegun
-from lousho.worker.steps import SessionSteps, tool_turn
+from lousho.worker.steps import SessionSteps
 
 __all__ = ["run_tool_call"]
 

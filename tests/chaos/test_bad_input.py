@@ -24,7 +24,7 @@ from lousho.errors import (
     InvalidSessionIdError,
 )
 from lousho.executor import InvalidDecisionError
-from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
+from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 from tests.chaos.harness import ChaosFleet, Row, pick, record
 
 EXAMPLES = pick(50, 300)

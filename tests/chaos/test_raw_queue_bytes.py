@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
+from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 from lousho.worker.transport import rejected_key
 from tests.chaos.harness import (
     SEED,

@@ -20,11 +20,11 @@ from kombu import Connection, Exchange, Producer, Queue
 
 from lousho import Message, ToolCall
 from lousho.errors import ApprovalNotFoundError, SDKError, StoreUnavailableError
+from lousho.fleet.settings import TASK_MODEL_TURN
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.testing.redis_server import RedisServer
 from lousho.worker import FleetSettings, broker_url
-from lousho.worker.config import TASK_MODEL_TURN
 from tests.chaos.harness import ChaosFleet, Row, drop_queue, make_fleet, record
 
 PASSWORD = "Zx9!p@ss:w0rd/%-" + uuid.uuid4().hex[:8]  # URL-special characters on purpose

@@ -8,8 +8,8 @@ import signal
 import time
 
 from lousho import Message
-from lousho.worker.dispatch import send_advance, send_model_turn, send_tool_call
-from lousho.worker.keys import result_field
+from lousho.fleet.dispatch import send_advance, send_model_turn, send_tool_call
+from lousho.fleet.keys import result_field
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
 

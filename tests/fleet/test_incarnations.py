@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from lousho import Message
-from lousho.worker.keys import FleetKeys
+from lousho.fleet.keys import FleetKeys
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
 

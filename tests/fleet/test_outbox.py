@@ -13,11 +13,11 @@ import redis
 from celery import Celery, signals
 
 from lousho import Message
+from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
+from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
-from lousho.worker.config import celery_config
-from lousho.worker.dispatch import model_turn_task, send, tool_call_task
 from lousho.worker.outbox import Outbox
 from tests.fleet.conftest import Fleet, tool_turn
 

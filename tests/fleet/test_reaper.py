@@ -9,9 +9,9 @@ from typing import Any
 from celery import Celery
 
 from lousho import Message
+from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client, reap_once
 from lousho.worker import FleetSettings, broker_url
-from lousho.worker.config import celery_config
 from lousho.worker.leases import Lease
 from tests.fleet.conftest import Fleet, tool_turn
 

@@ -1,4 +1,4 @@
-"""lousho's tasks: the one place that names them, their ids and what Flower shows.
+"""lousho's tasks: the one place that names them, their ids, their turn numbers and what Flower shows.
 
 Used by workers (to enqueue the next step), the reaper and the web-app `Client`, so none
 of them needs the agents' code. Arguments are ids only: prompts and secrets never enter a
@@ -12,7 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from lousho.worker.config import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
+from lousho.checkpoint import Checkpoint
+from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 
 __all__ = [
     "StepTask",
@@ -23,6 +24,8 @@ __all__ = [
     "send_model_turn",
     "send_tool_call",
     "tool_call_task",
+    "tool_turn",
+    "turn_number",
 ]
 
 
@@ -89,3 +92,13 @@ def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str,
 
 def send_advance(app: Any, session_id: str, reason: str) -> None:
     send(app, advance_task(session_id, reason))
+
+
+def turn_number(checkpoint: Checkpoint) -> int:
+    """The next model turn's number over the whole transcript (task ids stay unique across runs)."""
+    return sum(m.role == "assistant" for m in checkpoint.messages) + 1
+
+
+def tool_turn(checkpoint: Checkpoint) -> int:
+    """The newest model turn's number: the turn whose tool calls are pending, if any."""
+    return turn_number(checkpoint) - 1
