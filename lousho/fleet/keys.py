@@ -11,7 +11,7 @@ __all__ = ["FleetKeys", "new_epoch", "result_field"]
 
 
 def new_epoch() -> str:
-    """A fresh incarnation id for a session (lua/epoch.lua, issue #21)."""
+    """A fresh incarnation id for a session (lua/lib/epoch.lua, issue #21)."""
     return uuid.uuid4().hex[:16]
 
 
@@ -58,7 +58,7 @@ class FleetKeys:
         return self.store.keys.session_key(session_id, "requeued")
 
     def epoch(self, session_id: str) -> str:
-        """The session's incarnation (lua/epoch.lua): set anew when `Client.enqueue` creates the
+        """The session's incarnation (lua/lib/epoch.lua): set anew when `Client.enqueue` creates the
         session, so work of a deleted session of the same id commits nothing (issue #21)."""
         return self.store.keys.session_key(session_id, "epoch")
 

@@ -84,7 +84,7 @@ class Client:
         return session_id
 
     def _new_incarnation(self, session_id: str) -> None:
-        """A new session is a new incarnation (lua/epoch.lua, issue #21): a fresh epoch, and none of
+        """A new session is a new incarnation (lua/lib/epoch.lua, issue #21): a fresh epoch, and none of
         the fleet state a deleted session of the same id left behind (its results, marks, poison
         counts, its lease). Work of that earlier run still under way then commits nothing, and its
         fenced saves are refused: its lease is gone. One transaction, before the record is saved."""

@@ -151,12 +151,16 @@ def redis_errors(client: Any, action: str) -> Iterator[None]:
 
 @cache
 def _script_source(part: str) -> str:
+    """An entry script's source (`lua/<name>.lua`), or a library's (`lua/lib/<name>.lua`: functions
+    that scripts call, named in their `-- needs:` line; issue #14)."""
     package, _, name = part.rpartition(":")
-    return resources.files(package or "lousho.stores").joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    folder = resources.files(package or "lousho.stores").joinpath("lua")
+    entry = folder.joinpath(f"{name}.lua")
+    return (entry if entry.is_file() else folder.joinpath("lib", f"{name}.lua")).read_text(encoding="utf-8")
 
 
 def load_script(client: redis.Redis, name: str) -> Script:
-    """Register `lua/<name>.lua` of `lousho.stores` (or `<package>:<name>`); redis-py's Script
+    """Register `lua/<name>.lua` of `lousho.stores` (or `<package>:<name>`; libraries in `lua/lib/`); redis-py's Script
     reloads it on NOSCRIPT (e.g. after a Redis restart).
 
     Lua inside Redis has no `require`: a script (or a library) that calls a library function says

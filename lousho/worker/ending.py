@@ -69,7 +69,7 @@ class StepEnd:
         self.fenced: FencedCheckpoints | None = None
         """The step's checkpoint store (the run's), whose next save may carry the end."""
         self.epoch = ""
-        """The session's incarnation the step works for (lua/epoch.lua)."""
+        """The session's incarnation the step works for (lua/lib/epoch.lua)."""
         self._ending: Ending | None = None
 
     @property

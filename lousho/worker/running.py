@@ -46,7 +46,7 @@ class RunningCall:
     field: str
     """The call's `result_field`."""
     epoch: str = ""
-    """The session's incarnation, once the call began (lua/epoch.lua)."""
+    """The session's incarnation, once the call began (lua/lib/epoch.lua)."""
 
     @property
     def entry(self) -> str:

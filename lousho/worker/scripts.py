@@ -94,10 +94,10 @@ class FleetScripts:
     def __post_init__(self) -> None:
         self.client: redis.Redis = self.store.client
         self.keys = FleetKeys(self.store)
-        self._begin = load_script(self.client, "lousho.worker:step_begin")
+        self._begin = load_script(self.client, "lousho.worker:open_step")
         self._call_begin = load_script(self.client, "lousho.worker:call_begin")
         self._commit = load_script(self.client, "lousho.worker:call_commit")
-        self._end = load_script(self.client, "lousho.worker:step_end")
+        self._end = load_script(self.client, "lousho.worker:close_step")
         self._save_end = load_script(self.client, "lousho.worker:save_end")
         self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
         self._guarded = load_script(self.client, "lousho.worker:guarded")
@@ -179,7 +179,7 @@ class FleetScripts:
 
     def end_step(self, session_id: str, lease: Lease, ending: Ending) -> list[bool]:
         """Mark the calls, drop a completed turn's state, release the lease, push the messages
-        (step_end.lua); per call, whether it is to be sent."""
+        (close_step.lua); per call, whether it is to be sent."""
         keys, args = self._end_parts(session_id, ending)
         with redis_errors(self.client, f"release the lease of session {session_id!r}"):
             reply = self._end(keys=[lease.key, *keys], args=[lease.token, *args])
@@ -265,7 +265,7 @@ class FleetScripts:
     def _begin_parts(
         self, session_id: str, lease: Lease, attempt_field: str
     ) -> tuple[list[str], list[Any], Known | None]:
-        """step_begin.lua's KEYS and ARGV, and the cached save whose writer id they name."""
+        """open_step.lua's KEYS and ARGV, and the cached save whose writer id they name."""
         known = self.store.checkpoints.cached(session_id)
         keys = [
             lease.key,

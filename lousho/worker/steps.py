@@ -89,7 +89,7 @@ class SessionSteps:
         self.abort_flag = False
         """The session's abort flag as the step read it when it took its lease."""
         self.epoch: str | None = None
-        """The session's incarnation as the step read it (lua/epoch.lua): every write checks it.
+        """The session's incarnation as the step read it (lua/lib/epoch.lua): every write checks it.
         None until the step has read it."""
         self.step_end = StepEnd(runtime, session_id)
         """What the step's end must do (`ending.py`)."""

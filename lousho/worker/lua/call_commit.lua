@@ -8,7 +8,7 @@
 -- KEYS: 1 results, 2 call lease, 3 lease, 4 parked, 5 abort, 6 attempts, 7 head, 8 msgs, 9 epoch,
 --       10 running
 -- ARGV: 1 the call's field, 2 result JSON, 3 call lease token, 4 the call's epoch, then as
---       step_begin.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id; then
+--       open_step.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id; then
 --       10 the run's entry in the running index
 -- Reply: {-1} when the session is another incarnation now | begin_step's
 if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end

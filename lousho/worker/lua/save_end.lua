@@ -4,7 +4,7 @@
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
 --       9 the broker's queue, 10 epoch, then one call lease per call
--- ARGV: save_checkpoint's (its 10 is the lease token; 11 counts its messages), then as step_end.lua
+-- ARGV: save_checkpoint's (its 10 is the lease token; 11 counts its messages), then as close_step.lua
 --       from its 2: the step's epoch, clear, redispatch, the next model turn's message, per call its
 --       field and message
 -- Reply: {save reply} when the save refused, else {save reply, end_step's reply}

@@ -1,5 +1,5 @@
 -- begin_step(k, token, ttl_ms, session, attempt_field, known): take a session's lease
--- and read what a step needs, in the same round trip. A library: step_begin.lua and
+-- and read what a step needs, in the same round trip. A library: open_step.lua and
 -- call_commit.lua call it.
 --
 -- needs: read_checkpoint, lousho.worker:epoch

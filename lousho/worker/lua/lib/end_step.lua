@@ -2,7 +2,7 @@
 -- tool calls about to be sent (their fields in the dispatched hash), drop a completed turn's fleet
 -- state, release the session's lease (only if still ours: never another holder's), and push the
 -- step's next tasks onto the broker's queue (the outbox: lousho/worker/outbox.py). A library:
--- step_end.lua, save_end.lua and commit_fold.lua call it.
+-- close_step.lua, save_end.lua and commit_fold.lua call it.
 --
 -- needs: lousho.worker:epoch
 --

@@ -1,6 +1,6 @@
 -- read_checkpoint(cp, msgs, known): one session's latest checkpoint, read consistently (RedisStore).
 -- A library: load.lua calls it, and so do the worker's scripts that take a lease and read the
--- checkpoint in the same round trip (lousho/worker/lua/step_begin.lua).
+-- checkpoint in the same round trip (lousho/worker/lua/open_step.lua).
 --
 -- cp: the head key; msgs: the messages list; known: the writer id of the save whose transcript the
 -- caller holds already ('' = none).
