@@ -8,6 +8,7 @@ replies (issue #9: fleet per-step latency).
 
 from __future__ import annotations
 
+import enum
 import json
 import time
 from collections.abc import Sequence
@@ -25,7 +26,7 @@ from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.segments import Known
 from lousho.worker.leases import Lease
 
-__all__ = ["Begun", "CallBegun", "Ending", "FleetScripts", "sends", "turn_results"]
+__all__ = ["Begun", "CallBegun", "CallState", "Ending", "FleetScripts", "sends", "turn_results"]
 
 
 def sends(reply: list[Any]) -> list[bool]:
@@ -70,19 +71,30 @@ class Ending:
     next_message: str = ""
 
 
+class CallState(enum.Enum):
+    """Where a tool call's task finds the call as it tries the call's lease (call_begin.lua)."""
+
+    COMMITTED = "committed"
+    """Its result is committed already: only the fold may be left to do."""
+    BUSY = "busy"
+    """Someone else holds its lease: it runs elsewhere."""
+    STARTED = "started"
+    """The lease is ours and this start is counted: run it."""
+
+
 @dataclass(frozen=True)
 class CallBegun:
     """What a tool call's task read as it tried the call's lease (`begin_call`)."""
 
-    state: int
-    """-1: the call's result is committed already; 0: someone else
-    holds its lease; n: this is its n-th start, and the lease is ours."""
+    state: CallState
+    starts: int
+    """With `STARTED`: the starts counted against the call, this one included (poison detection)."""
     aborted: bool
     checkpoint: Checkpoint | None
     epoch: str
     """The session's incarnation as the call began (epoch.lua)."""
     shared: int = 0
-    """Starts of the call whose run died together with other sessions' runs (not counted in `state`)."""
+    """Starts of the call whose run died together with other sessions' runs (not counted in `starts`)."""
 
 
 @dataclass
@@ -131,8 +143,9 @@ class FleetScripts:
         started = time.monotonic()
         with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
             reply = self._call_begin(keys=keys, args=args)
-        state, epoch = int(reply[0]), text(reply[3])
-        lease.held, lease.confirmed_at = state > 0, started
+        starts, epoch = int(reply[0]), text(reply[3])
+        state = CallState.STARTED if starts > 0 else CallState.BUSY if starts == 0 else CallState.COMMITTED
+        lease.held, lease.confirmed_at = state is CallState.STARTED, started
         if lease.held:  # the lease's token names the incarnation it is held for (call_begin.lua)
             lease.token = f"{lease.token}@{epoch}"
         try:
@@ -140,7 +153,7 @@ class FleetScripts:
         except CorruptCheckpointError:
             self.undo_call(session_id, field, lease, (epoch, entry))
             raise
-        return CallBegun(state=state, aborted=bool(reply[1]), checkpoint=checkpoint, epoch=epoch, shared=int(reply[4]))
+        return CallBegun(state, max(starts, 0), bool(reply[1]), checkpoint, epoch, shared=int(reply[4]))
 
     def undo_call(self, session_id: str, field: str, lease: Lease, run: tuple[str, str]) -> None:
         """Take back `begin_call` (the call does not run after all: recorded, stale, not approved).

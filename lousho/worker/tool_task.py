@@ -27,7 +27,7 @@ from lousho.tools import tool_error
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall, running_calls
-from lousho.worker.scripts import CallBegun
+from lousho.worker.scripts import CallBegun, CallState
 from lousho.worker.steps import SessionSteps
 
 __all__ = ["run_tool_call"]
@@ -51,9 +51,9 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     if checkpoint is None or call is None:
         steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
         return "unknown-session" if checkpoint is None else "recorded"
-    if begun.state == 0:
+    if begun.state is CallState.BUSY:
         return "running-elsewhere"
-    if begun.state < 0:  # committed by an earlier copy: only the fold may be left to do
+    if begun.state is CallState.COMMITTED:  # by an earlier copy: only the fold may be left to do
         return await fold_when_free(steps)
     steps.abort_flag = begun.aborted
     try:
@@ -85,7 +85,7 @@ async def _run_started(
     `running.py`). While it runs, a shutdown of this worker takes its start back."""
     running, call_lease = leased
     max_attempts = steps.runtime.settings.max_attempts
-    if begun.state > max_attempts or begun.state + begun.shared > 3 * max_attempts:
+    if begun.starts > max_attempts or begun.starts + begun.shared > 3 * max_attempts:
         return tool_error(
             "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
         )
