@@ -78,6 +78,12 @@ class Outbox:
         queue = str(self.app.conf.task_default_queue)
         return str(self._channel._q_for_pri(queue, 0)) if self.direct else queue
 
+    def close(self) -> None:
+        """Release the broker connection `direct` opened (a later use opens another)."""
+        if self._channel is not None:
+            self._channel.connection.client.release()
+        self._channel, self._direct = None, None
+
     def encode(self, task: StepTask) -> str:
         """The message for `task`, as kombu's Redis transport would LPUSH it onto `queue_key` after
         `app.send_task` (the same headers, properties and body; tests/fleet/test_outbox.py); '' if

@@ -103,6 +103,14 @@ class FleetRuntime:
             self._resolved[agent.name] = await agent.resolve(None)
         return self._resolved[agent.name]
 
+    def close(self) -> None:
+        """Close the event loop and the outbox's broker connection (an app made and dropped in a process
+        that goes on: a test's, `lousho.testing.fleet`'s workers; issue #14)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.close()
+        if "outbox" in self.__dict__:  # made on first use
+            self.outbox.close()
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a task's coroutine on this process's event loop (made anew after a fork)."""
         if self._loop is None or self._loop_pid != os.getpid() or self._loop.is_closed():

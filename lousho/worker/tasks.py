@@ -49,23 +49,25 @@ def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
 
 
 def register_tasks(app: Any, runtime: FleetRuntime) -> None:
-    @app.task(name=TASK_MODEL_TURN)  # type: ignore[untyped-decorator]
+    # shared=False: Celery's default hands a task to every app made later in the process, so a second
+    # app (a test's, a FleetDriver's worker) would run the first app's tasks, on its runtime (issue #14).
+    @app.task(name=TASK_MODEL_TURN, shared=False)  # type: ignore[untyped-decorator]
     def model_turn(session_id: str, turn: int) -> str:
         """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
         return _guarded(runtime, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
 
-    @app.task(name=TASK_TOOL_CALL)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_TOOL_CALL, shared=False)  # type: ignore[untyped-decorator]
     def tool_call(session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0) -> str:
         """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
         return _guarded(runtime, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn)))
 
-    @app.task(name=TASK_ADVANCE)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_ADVANCE, shared=False)  # type: ignore[untyped-decorator]
     def advance(session_id: str, reason: str = "") -> str:
         """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
         redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
         return _guarded(runtime, session_id, lambda steps: steps.advance(redispatch=redispatch, requeue=requeue))
 
-    @app.task(name=TASK_REAP)  # type: ignore[untyped-decorator]
+    @app.task(name=TASK_REAP, shared=False)  # type: ignore[untyped-decorator]
     def reap() -> int:
         """One pass of the reaper (installed as a beat entry by `create_app`)."""
         from lousho.scheduler.reaper import reap_once
