@@ -24,10 +24,10 @@ that died together on one host is tested with real workers (`lousho.testing.work
 ```python
 with FleetDriver(agents=[agent], redis_url=url, provider=provider) as driver:
     driver.client.enqueue("jobs", "go", session_id="s")
-    first_turn = driver.pending()[0]
-    assert driver.deliver(first_turn) == "tools-dispatched"
-    assert driver.deliver(first_turn) == "stale"        # a duplicate asks the model nothing
-    driver.run_until_idle()
+    first_turn = driver.pending()[0]                    # lousho.model_turn, as a worker receives it
+    driver.deliver(first_turn)
+    driver.deliver(first_turn)                          # a duplicate: the model is asked once
+    driver.run_until_idle()                             # the tool calls and the next turns, in order
 ```
 """
 

@@ -193,6 +193,26 @@ def test_every_task_delivered_twice_records_nothing_twice(driver: FleetDriver, j
     assert len(jobs.runs) == 12
 
 
+def test_a_requeue_sends_a_tool_call_again_only_once_its_message_is_lost(driver: FleetDriver, jobs: Jobs) -> None:
+    jobs.scripts["t"] = [tool_turn(("t-a", "work", {"n": 1})), Message.assistant("done")]
+    driver.client.enqueue("jobs", "go", session_id="t")
+    driver.deliver(only(driver))
+    call = only(driver)
+
+    send_advance(driver.client.app, "t", "reaper")  # what the reaper sends for a session it finds quiet
+    driver.deliver(driver.pending()[-1])
+    assert driver.pending() == [call]  # the call's message waits on the queue: no copy is sent
+
+    assert driver.drop(call)  # lost
+    send_advance(driver.client.app, "t", "reaper")
+    driver.deliver(only(driver))
+    assert [task.task_id for task in driver.pending()] == ["t/turn/1/tool/t-a"]
+    driver.run_until_idle()
+
+    assert jobs.runs == {"t-a": 1}
+    assert_guarantees(driver, jobs, ["t"])
+
+
 # -- expired leases: zombies ----------------------------------------------------------------------
 
 
