@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from lousho import Agent, Message, ToolContext, define_tool
@@ -32,13 +33,16 @@ def queued_calls(fleet: Fleet) -> list[str]:
     return [json.loads(raw)["headers"]["id"] for raw in reversed(fleet.redis.lrange(fleet.queue, 0, -1))]
 
 
-def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(fleet: Fleet, redis_url: str) -> None:
+def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(
+    fleet: Fleet, redis_url: str, request: pytest.FixtureRequest
+) -> None:
     agent = Agent(name="jobs", model="scripted", tools=[define_tool(name="noop", description="-", input=Nothing, execute=noop)],
                   tool_concurrency=2)  # fmt: skip
     provider = ScriptedProvider([tool_calls(("c1", "noop", {}), ("c2", "noop", {})), "done"])
     app = create_app(agents=[agent], store=fleet.store, broker=broker_url(redis_url), provider=provider,
                      settings=FleetSettings(queue=fleet.queue, lease_ttl_s=2.0))  # fmt: skip
     runtime: Any = app.lousho_runtime
+    request.addfinalizer(runtime.close)
     fleet.client.enqueue("jobs", "go", session_id="r")
     fleet.redis.delete(fleet.queue)  # the model turn's message: this test is the worker that took it
 
