@@ -265,7 +265,7 @@ class AgentSession:
         return AgentSession(agent=self.agent, id=forked.session_id)
 
     async def checkpoint(self) -> Checkpoint | None:
-        loaded: Checkpoint | None = await maybe_await(self.agent._require_checkpoints("checkpoint()").load(self.id))
+        loaded: Checkpoint | None = await maybe_await(self.agent._require_checkpoints("checkpoint()").load(self.id))  # noqa: SLF001 -- AgentSession is this module's
         return loaded
 
     async def history(self, limit: int | None = None) -> list[HistoryEntry] | None:

@@ -1,13 +1,12 @@
 """`AgentExecutor.execute()` and `resume_after_approval()`: durable runs in this process.
 
-Both load the session's checkpoint, decide from its status what the call means
-(reference: 'What happens when you call execute() again'), and hand the
-checkpoint to a `Run`.
+Both load the session's checkpoint and hand it to a `Run`, which decides from its
+status what the call means (`Run.start`; reference: 'What happens when you call
+execute() again').
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,16 +14,17 @@ from pydantic import BaseModel, ConfigDict
 
 from lousho.abort import AbortSignal
 from lousho.approvals import ApprovalDecision, ApprovalStore, parse_decision
-from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate_session_id
+from lousho.checkpoint import CheckpointStore, maybe_await, validate_session_id
 from lousho.definition import Agent
-from lousho.errors import ConfigurationError, InvalidDecisionError, SessionAwaitingApprovalError
+from lousho.errors import ConfigurationError, InvalidDecisionError
 from lousho.events import EventSink
 from lousho.fork import ForkPatch, ForkResult
 from lousho.fork import fork as _fork
-from lousho.inputs import add_input_to_unfinished, continue_finished, start_session, validate_input
+from lousho.inputs import validate_input
 from lousho.messages import Message
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, Run, RunResult
+from lousho.run_context import load_stored
 from lousho.tools import Tool
 
 __all__ = ["AgentExecutor", "InvalidDecisionError", "ResumeOptions", "resume_after_approval"]
@@ -44,13 +44,6 @@ class ResumeOptions(BaseModel):
     """Where later approvals of the resumed run go (default: the same store)."""
     on_event: Any = None
     context: dict[str, Any] | None = None
-
-
-async def _load(store: CheckpointStore | None, session_id: str | None) -> Checkpoint | None:
-    if store is None or session_id is None:
-        return None
-    loaded: Checkpoint | None = await maybe_await(store.load(session_id))
-    return loaded
 
 
 class AgentExecutor:
@@ -80,7 +73,7 @@ class AgentExecutor:
             raise ConfigurationError("a checkpoint_store needs a session_id to save under: pass session_id=")
         if session_id is not None:
             validate_session_id(session_id)
-        stored = await _load(checkpoint_store, session_id)
+        stored = await load_stored(checkpoint_store, session_id)
         messages = validate_input(input, stored)
         resuming = stored is not None and stored.status != "finished"
         resolved = await agent.resolve(stored.run_config if resuming and stored else None, ctx=context)
@@ -96,25 +89,7 @@ class AgentExecutor:
             on_agent_drift=on_agent_drift,
             metadata=context or {},
         )
-        if stored is None:
-            start = start_session(
-                session_id or f"run-{uuid.uuid4().hex}", resolved.instructions, messages, business_state
-            )
-            return await run.run(start)
-        if stored.status == "awaiting-approval":
-            return await _continue_decided_approval(run, stored, approval_store)
-        if stored.status == "in-progress":
-            run.check_tools_exist(stored.pending_tool_calls(), stored.fingerprint)
-            await run.check_drift(stored.fingerprint)
-            checkpoint: Checkpoint | None = add_input_to_unfinished(stored, messages)
-        else:
-            checkpoint = continue_finished(stored, messages)
-            if checkpoint is None:
-                return RunResult.of(stored, "max-steps" if stored.finish_reason == "max-steps" else "stop")
-        assert checkpoint is not None
-        if business_state is not None:
-            checkpoint = checkpoint.model_copy(update={"business_state": business_state})
-        return await run.run(checkpoint)
+        return await run.start(stored, messages, business_state)
 
     @staticmethod
     async def fork(
@@ -133,17 +108,6 @@ class AgentExecutor:
             patch=patch,
             new_session_id=new_session_id,
         )
-
-
-async def _continue_decided_approval(run: Run, stored: Checkpoint, approval_store: ApprovalStore | None) -> RunResult:
-    """A paused session throws, unless its approval was decided and the process died before applying it."""
-    assert stored.approval_id is not None
-    if approval_store is None:
-        raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
-    snapshot = await maybe_await(approval_store.load(stored.approval_id))
-    if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
-        raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
-    return await run.apply_decision(snapshot, stored, approval_store)
 
 
 async def resume_after_approval(
@@ -171,7 +135,7 @@ async def resume_after_approval(
             tools=list(tool_registry),
         )
     )
-    stored = await _load(checkpoint_store, snapshot.session_id)
+    stored = await load_stored(checkpoint_store, snapshot.session_id)
     checkpoint = stored or snapshot.checkpoint
     run = Run(
         agent=await agent.resolve(checkpoint.run_config, ctx=opts.context),

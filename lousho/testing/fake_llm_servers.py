@@ -180,13 +180,13 @@ class _Handler(BaseHTTPRequestHandler):
             body = {"__raw__": raw.decode("utf-8", "replace")}
         api = PATHS.get(path)
         owner = self.server.owner
-        owner._record(
+        owner._record(  # noqa: SLF001 -- the handler is this module's own
             RecordedRequest(api=api, path=path, body=body, headers={k.lower(): v for k, v in self.headers.items()})
         )
         if api is None:
             self._json(404, {"error": {"message": f"unknown path {path}", "type": "not_found_error"}})
             return
-        turn = owner._next_turn()
+        turn = owner._next_turn()  # noqa: SLF001 -- the handler is this module's own
         if turn is None:
             self._error(api, 400, f"the fake server's script has no answer for request {len(owner.requests)}")
             return

@@ -76,7 +76,8 @@ class Outbox:
     def queue_key(self) -> str:
         """The Redis list of the app's queue (messages of priority 0, as lousho's are)."""
         queue = str(self.app.conf.task_default_queue)
-        return str(self._channel._q_for_pri(queue, 0)) if self.direct else queue
+        # kombu names a priority queue only in this private method: the outbox must push where it reads
+        return str(self._channel._q_for_pri(queue, 0)) if self.direct else queue  # noqa: SLF001
 
     def close(self) -> None:
         """Release the broker connection `direct` opened (a later use opens another)."""
@@ -102,7 +103,7 @@ class Outbox:
         content_type, content_encoding, data = _serialize(body, serializer=app.conf.task_serializer)
         channel = self._channel
         message = channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
-        channel._inplace_augment_message(message, "", queue)  # what basic_publish does to it
+        channel._inplace_augment_message(message, "", queue)  # noqa: SLF001 -- what basic_publish does to it
         encoded = _kombu_dumps(message)
         problem = self._misread(encoded, task)
         if problem:

@@ -173,7 +173,7 @@ class SessionSteps:
         try:
             return await self._step(run, checkpoint, expected_turn, begun, lease)
         except RunAborted:
-            await run._abort(run._latest)
+            await run.abort(run.latest)
             self.runtime.store.checkpoints.drop_inflight(self.session_id)
             return "aborted"
         except PropagatingToolError as exc:
@@ -183,7 +183,7 @@ class SessionSteps:
     async def _step(
         self, run: Run, checkpoint: Checkpoint, expected_turn: int | None, begun: Begun, lease: Lease
     ) -> str:
-        run._latest = checkpoint
+        run.latest = checkpoint
         while True:
             if self.aborted() and checkpoint.status == "in-progress":
                 return await self.abort(run, checkpoint)
@@ -221,7 +221,7 @@ class SessionSteps:
                 if not step.already_saved:
                     await run.save(finish(checkpoint, step.reason))
                 return "finished"
-            run._latest = checkpoint
+            run.latest = checkpoint
 
     async def model_turn(self, run: Run, checkpoint: Checkpoint) -> Checkpoint:
         """Ask the model, then save its answer. When nothing else is written after that save (the run
@@ -242,7 +242,7 @@ class SessionSteps:
         None when one needs approval or has its result already (`dispatch` handles those)."""
         window: list[ToolCall] = []
         for call in checkpoint.pending_tool_calls()[: run.agent.definition.tool_concurrency]:
-            plan = await plan_tool_call(call, run.agent, run._ctx(call))
+            plan = await plan_tool_call(call, run.agent, run.tool_context(call))
             if plan.preset or plan.needs_approval:
                 return None
             window.append(call)
@@ -317,7 +317,7 @@ class SessionSteps:
                 return "turn-enqueued"
             window, settled = [], False
             for call in [c for c in pending if c.id not in results]:
-                plan = await plan_tool_call(call, run.agent, run._ctx(call))
+                plan = await plan_tool_call(call, run.agent, run.tool_context(call))
                 if plan.preset:  # committed here, folded on the next pass
                     settled = self.commit_result(checkpoint, call.id, plan.result) or settled
                     continue
@@ -356,11 +356,11 @@ class SessionSteps:
                 self.step_end.complete_turn(turn_number(folded))
                 self.step_end.in_next_save()
             checkpoint = await run.save(folded)
-            run._latest = checkpoint
+            run.latest = checkpoint
         return checkpoint
 
     async def _fold_approval(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any]) -> Checkpoint:
-        snapshot = self._approval(checkpoint)
+        snapshot = self.approval(checkpoint)
         if snapshot is None or snapshot.tool_call.id not in results:
             return checkpoint
         resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
@@ -371,7 +371,8 @@ class SessionSteps:
                 self.commit_result(resumed, call.id, NOT_RUN)
         return resumed
 
-    def _approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
+    def approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
+        """The approval the checkpoint waits on, as stored now (None when it waits on none)."""
         if checkpoint.approval_id is None:
             return None
         snapshot: ApprovalSnapshot | None = self.runtime.store.approvals.load(checkpoint.approval_id)
@@ -379,7 +380,7 @@ class SessionSteps:
 
     async def on_approval(self, run: Run, checkpoint: Checkpoint) -> str:
         """A decided approval: commit a rejection, or send the approved call to run as its own task."""
-        snapshot = self._approval(checkpoint)
+        snapshot = self.approval(checkpoint)
         if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
             return "awaiting-approval"
         await prepare_resume(run, snapshot, checkpoint, self.runtime.store.approvals)  # drift and missing tools

@@ -99,13 +99,13 @@ async def _run_started(
 
 async def _plan(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall) -> PlannedCall | None:
     """Validate the call; a gated call runs only once its approval is decided 'approved'."""
-    plan = await plan_tool_call(call, run.agent, run._ctx(call))
+    plan = await plan_tool_call(call, run.agent, run.tool_context(call))
     if not plan.needs_approval:
         return plan
-    snapshot = steps._approval(checkpoint) if checkpoint.status == "awaiting-approval" else None
+    snapshot = steps.approval(checkpoint) if checkpoint.status == "awaiting-approval" else None
     if snapshot is None or snapshot.tool_call.id != call.id or snapshot.status != "approved":
         return None
-    return await plan_tool_call(call, run.agent, run._ctx(call), skip_approval=True)
+    return await plan_tool_call(call, run.agent, run.tool_context(call), skip_approval=True)
 
 
 async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> Any:
@@ -113,7 +113,7 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
     if steps.aborted():
         return CANCELLED_RESULT
     try:
-        return await abortable(run_planned_call(plan, run.agent, run._ctx(plan.call)), steps.signal)
+        return await abortable(run_planned_call(plan, run.agent, run.tool_context(plan.call)), steps.signal)
     except RunAborted:
         return CANCELLED_RESULT
 

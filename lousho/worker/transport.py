@@ -149,7 +149,7 @@ class Channel(redis.Channel):
             self._set_aside(queue, entry, str(exc))
             return False
         try:
-            self.connection._deliver(payload, queue)
+            self.connection._deliver(payload, queue)  # noqa: SLF001 -- kombu's hand-off to its consumer; no public one
         except _BROKER_ERRORS:
             raise
         except Exception as exc:  # Celery could not read it: a header it needs missing, a body not its shape
