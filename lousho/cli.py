@@ -2,7 +2,9 @@
 
 Configuration comes from flags and the environment (`lousho.settings.LoushoSettings`):
 `--redis-url` / `LOUSHO_REDIS_URL` / `REDIS_URL`, `--store-url` / `LOUSHO_STORE_URL`,
-`--prefix` / `LOUSHO_PREFIX`, `--queue` / `LOUSHO_QUEUE`. An error prints one line
+`--prefix` / `LOUSHO_PREFIX`, and each `FleetSettings` field, `--queue` / `LOUSHO_QUEUE`,
+`--lease-ttl-s` / `LOUSHO_LEASE_TTL_S`, ... (before the command: `lousho --lease-ttl-s 3 worker`,
+passed on to the worker's app in its environment). An error prints one line
 (`error: [CODE] message`) on stderr and exits with status 1, never a traceback, and never a
 configured URL's password (issue #21).
 """
@@ -10,20 +12,24 @@ configured URL's password (issue #21).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, get_type_hints
 
 import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from lousho.errors import SDKError
+from lousho.fleet.settings import FleetSettings
 from lousho.redaction import redact_secrets, url_secrets
-from lousho.settings import LoushoSettings
+from lousho.settings import LoushoSettings, fleet_env_var
 
 __all__ = ["app", "main", "settings_of"]
 
@@ -84,7 +90,26 @@ app = typer.Typer(
 )
 
 
+def _with_fleet_options(callback: Callable[..., None]) -> Callable[..., None]:
+    """Add an option per `FleetSettings` field to `callback`'s signature (`--lease-ttl-s`, `--outbox/--no-outbox`,
+    ...), so a field added there is a flag here with nothing else to write (issue #14)."""
+    types = get_type_hints(FleetSettings)
+
+    def option(name: str) -> inspect.Parameter:
+        flag = f"--{name.replace('_', '-')}"
+        flags = f"{flag}/--no-{flag[2:]}" if types[name] is bool else flag
+        help = f"FleetSettings.{name} (env: {fleet_env_var(name)})."
+        default = typer.Option(None, flags, help=help)
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=types[name] | None)
+
+    own = [p for p in inspect.signature(callback).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    fleet = [option(field.name) for field in dataclasses.fields(FleetSettings)]
+    callback.__signature__ = inspect.Signature([*own, *fleet])  # type: ignore[attr-defined]
+    return callback
+
+
 @app.callback()
+@_with_fleet_options
 def main_callback(
     ctx: typer.Context,
     redis_url: str | None = typer.Option(
@@ -98,10 +123,10 @@ def main_callback(
     prefix: str | None = typer.Option(
         None, "--prefix", help="RedisStore key prefix (env: LOUSHO_PREFIX; default lousho:)."
     ),
-    queue: str | None = typer.Option(None, "--queue", help="Celery queue (env: LOUSHO_QUEUE; default lousho)."),
+    **fleet: Any,
 ) -> None:
     """lousho: durable LLM agent runs."""
-    ctx.obj = LoushoSettings().with_overrides(redis_url=redis_url, store_url=store_url, prefix=prefix, queue=queue)
+    ctx.obj = LoushoSettings().with_overrides(redis_url=redis_url, store_url=store_url, prefix=prefix, **fleet)
 
 
 def settings_of(ctx: typer.Context) -> LoushoSettings:
@@ -204,16 +229,14 @@ def _check_app(spec: str, settings: LoushoSettings) -> None:
 @app.command()
 def reaper(
     ctx: typer.Context,
-    interval: float | None = typer.Option(
-        None, "--interval", help="Seconds between passes (env: LOUSHO_REAPER_INTERVAL_S)."
-    ),
     once: bool = typer.Option(False, "--once", help="One pass, then exit (prints the sessions it requeued)."),
 ) -> None:
-    """Requeue sessions whose worker went quiet (deadline passed, lease free), until stopped; several at once are safe."""
+    """Requeue sessions whose worker went quiet (deadline passed, lease free), until stopped; several at once are safe.
+
+    A pass every --reaper-interval-s (an option before the command: `lousho --reaper-interval-s 1 reaper`)."""
     from lousho.scheduler.reaper import reap_once, run_reaper
 
-    settings = settings_of(ctx).with_overrides(reaper_interval_s=interval)
-    client = settings.client()
+    client = settings_of(ctx).client()
     if once:
         requeued = reap_once(client.store, client.app, client.settings)
         typer.echo(f"requeued {len(requeued)} session(s){': ' if requeued else ''}{', '.join(requeued)}")

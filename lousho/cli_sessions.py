@@ -150,7 +150,10 @@ def register(app: typer.Typer) -> None:
                 settings.client().resume(forked.session_id)
                 typer.echo(f"forked {session} at step {forked.step}; the fleet runs it now")
                 return
-            store.checkpoints.drop_inflight(forked.session_id)  # not running: the reaper leaves it alone
+            from lousho.fleet.inflight import InflightIndex
+
+            inflight = InflightIndex.of(store, settings.fleet.lease_ttl_ms)
+            inflight.drop(forked.session_id)  # not running: the reaper leaves it alone
             typer.echo(f"forked {session} at step {forked.step}; start it with `lousho resume {forked.session_id}`")
         else:
             typer.echo(f"forked {session} at step {forked.step}; resume it with agent.resume({forked.session_id!r})")

@@ -5,9 +5,11 @@
 | `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise |
 | `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore) |
 | `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
-| `LOUSHO_QUEUE` | the Celery queue (default `lousho`) |
 | `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
-| `LOUSHO_LEASE_TTL_S`, `LOUSHO_REAPER_INTERVAL_S`, `LOUSHO_REQUEUE_BACKOFF_S` | `FleetSettings` |
+| `LOUSHO_<FIELD>` | each `FleetSettings` field: `LOUSHO_QUEUE`, `LOUSHO_LEASE_TTL_S`, `LOUSHO_MAX_ATTEMPTS`, ... |
+
+The fleet's settings are `FleetSettings` (lousho/fleet/settings.py), the one place their defaults
+are written: `LoushoSettings.fleet` is one, read field by field from `LOUSHO_<FIELD>` (issue #14).
 
 A URL is only ever shown with its password masked (`lousho.redaction.redact_url`): in errors, logs
 and `repr()` (issue #21).
@@ -15,21 +17,24 @@ and `repr()` (issue #21).
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from lousho.errors import ConfigurationError
+from lousho.fleet.settings import FleetSettings
 from lousho.redaction import redact_url
 
 if TYPE_CHECKING:
-    from lousho.fleet.settings import FleetSettings
     from lousho.scheduler.client import Client
     from lousho.stores.redis import RedisStore
 
-__all__ = ["ChildEnv", "LoushoSettings", "store_from_url"]
+__all__ = ["ChildEnv", "LoushoSettings", "fleet_env_var", "store_from_url"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _URL_FIELDS = ("redis_url", "store_url")
@@ -45,8 +50,31 @@ class ChildEnv(dict[str, str]):
     __str__ = __repr__
 
 
+FLEET_FIELDS = tuple(field.name for field in dataclasses.fields(FleetSettings))
+"""The names of `FleetSettings`' fields: each is an environment variable and a `lousho` option."""
+
+
+def fleet_env_var(name: str) -> str:
+    """The environment variable of a `FleetSettings` field: `LOUSHO_<FIELD>`."""
+    return f"LOUSHO_{name.upper()}"
+
+
+class _FleetEnv(PydanticBaseSettingsSource):
+    """`FleetSettings`' fields from `LOUSHO_<FIELD>`, as `{"fleet": {...}}` (validated with the model)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # the whole `fleet` value is made in __call__
+
+    def __call__(self) -> dict[str, Any]:
+        found = {name: os.environ[fleet_env_var(name)] for name in FLEET_FIELDS if fleet_env_var(name) in os.environ}
+        return {"fleet": found} if found else {}
+
+
 class LoushoSettings(BaseSettings):
-    """Configuration from the environment; the CLI's flags override it field by field."""
+    """Configuration from the environment; the CLI's flags override it field by field.
+
+    `fleet` takes its defaults from `FleetSettings`; its fields may also be given flat
+    (`LoushoSettings(queue="tour", lease_ttl_s=2)`), as the environment gives them."""
 
     model_config = SettingsConfigDict(env_prefix="LOUSHO_", extra="ignore", populate_by_name=True)
 
@@ -55,15 +83,39 @@ class LoushoSettings(BaseSettings):
     )
     store_url: str | None = None
     prefix: str = "lousho:"
-    queue: str = "lousho"
     app: str | None = None
-    lease_ttl_s: float = 6.0
-    reaper_interval_s: float = 2.0
-    requeue_backoff_s: float = 30.0
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _FleetEnv(settings_cls), dotenv_settings, file_secret_settings
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_fleet_fields(cls, data: Any) -> Any:
+        """`lease_ttl_s=...` given flat goes into `fleet`, over what the environment said."""
+        if not isinstance(data, dict) or not any(name in data for name in FLEET_FIELDS):
+            return data
+        data = dict(data)
+        fleet = data.get("fleet") or {}
+        fleet = dataclasses.asdict(fleet) if isinstance(fleet, FleetSettings) else dict(fleet)
+        data["fleet"] = {**fleet, **{name: data.pop(name) for name in FLEET_FIELDS if name in data}}
+        return data
 
     def with_overrides(self, **values: Any) -> LoushoSettings:
         """A copy with the given (non-None) values replaced: how flags win over the environment."""
-        return self.model_copy(update={k: v for k, v in values.items() if v is not None})
+        given = {k: v for k, v in values.items() if v is not None}
+        fleet = {k: given.pop(k) for k in FLEET_FIELDS if k in given}
+        if fleet:
+            given["fleet"] = dataclasses.replace(self.fleet, **fleet)
+        return self.model_copy(update=given)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         """`repr()` and `str()` show that a URL is set and which one, never its password (issue #21)."""
@@ -77,10 +129,11 @@ class LoushoSettings(BaseSettings):
         process; printing or logging the mapping itself shows the URLs redacted (`ChildEnv`)."""
         env = {
             "LOUSHO_PREFIX": self.prefix,
-            "LOUSHO_QUEUE": self.queue,
-            "LOUSHO_LEASE_TTL_S": str(self.lease_ttl_s),
-            "LOUSHO_REAPER_INTERVAL_S": str(self.reaper_interval_s),
-            "LOUSHO_REQUEUE_BACKOFF_S": str(self.requeue_backoff_s),
+            **{
+                fleet_env_var(name): str(value)
+                for name, value in dataclasses.asdict(self.fleet).items()
+                if value is not None
+            },
             "LOUSHO_STORE_URL": self.store_url or "",
         }
         if self.redis_url:
@@ -99,16 +152,6 @@ class LoushoSettings(BaseSettings):
                 "or pass --redis-url"
             )
         return self.redis_url
-
-    def fleet_settings(self) -> FleetSettings:
-        from lousho.fleet.settings import FleetSettings
-
-        return FleetSettings(
-            lease_ttl_s=self.lease_ttl_s,
-            reaper_interval_s=self.reaper_interval_s,
-            requeue_backoff_s=self.requeue_backoff_s,
-            queue=self.queue,
-        )
 
     def broker(self) -> str:
         from lousho.fleet.settings import broker_url
@@ -137,7 +180,7 @@ class LoushoSettings(BaseSettings):
         from lousho.scheduler.client import Client
 
         store = self.redis_store()
-        return Client(broker=self.broker(), store=store, settings=self.fleet_settings())
+        return Client(broker=self.broker(), store=store, settings=self.fleet)
 
 
 def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:

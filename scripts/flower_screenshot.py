@@ -87,7 +87,7 @@ def main(out: Path) -> None:
         try:
             wait_http(f"http://127.0.0.1:{port}/healthcheck")
             worker = start_worker(
-                "lousho.demo.fleet_app", queue=settings.queue, name="worker1", env=env, log_dir=folder
+                "lousho.demo.fleet_app", queue=settings.fleet.queue, name="worker1", env=env, log_dir=folder
             )
             client = settings.client()
             for session, request in TRIP_REQUESTS.items():

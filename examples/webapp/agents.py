@@ -73,6 +73,6 @@ app = create_app(
     store=settings.redis_store(),
     broker=settings.broker(),
     provider=BookerModel(),
-    settings=settings.fleet_settings(),
+    settings=settings.fleet,
     name="booker",
 )

@@ -122,7 +122,7 @@ class FleetDemo:
 
     def start_worker(self, name: str) -> WorkerProcess:
         env = {**self.settings.env(), "PYTHONUNBUFFERED": "1"}
-        worker = start_worker(APP_MODULE, queue=self.settings.queue, name=name, env=env, log_dir=self.log_dir)
+        worker = start_worker(APP_MODULE, queue=self.settings.fleet.queue, name=name, env=env, log_dir=self.log_dir)
         with self._lock:
             self.workers.append(worker)
         return worker
@@ -163,7 +163,7 @@ class FleetDemo:
             thread.join()
         for worker in self.workers:
             worker.kill()  # a no-op for a worker that ended
-        queue = self.settings.queue  # the demo's own queue: nothing consumes it after the demo
+        queue = self.settings.fleet.queue  # the demo's own queue: nothing consumes it after the demo
         self.redis.delete(
             queue,
             *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)),
@@ -268,7 +268,8 @@ class FleetDemo:
 
     def render(self) -> Group:
         table = Table(
-            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.settings.queue}", expand=False
+            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.settings.fleet.queue}",
+            expand=False,
         )
         for column in ("session", "status", "step", "messages", "now", "last answer"):
             table.add_column(column)

@@ -30,6 +30,6 @@ app = create_app(
     store=store,
     broker=settings.broker(),
     provider=CountingProvider(trip_provider(), store.client, settings.prefix),
-    settings=settings.fleet_settings(),
+    settings=settings.fleet,
     name="lousho-demo",
 )

@@ -14,6 +14,7 @@ from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import ConfigurationError, SDKError, SessionAwaitingApprovalError, StoreUnavailableError
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
+from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys, new_epoch
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
@@ -44,11 +45,11 @@ class Client:
     """Enqueue agent jobs on the fleet and follow them. Needs the broker and the store, not the agents."""
 
     def __init__(self, *, broker: str, store: RedisStore, settings: FleetSettings | None = None) -> None:
-        self.store = store
         self.settings = settings or FleetSettings()
         # An accepted job whose message is lost is requeued by the reaper after a lease's time.
-        store.checkpoints.inflight_deadline_ms = self.settings.lease_ttl_ms
-        self.keys = FleetKeys(store)
+        self.store = store.with_inflight_deadline(self.settings.lease_ttl_ms)
+        self.inflight = InflightIndex.of(self.store, self.settings.lease_ttl_ms)
+        self.keys = FleetKeys(self.store)
         self.app = Celery("lousho-client", set_as_current=False)
         self.app.conf.update(celery_config(broker, self.settings))
 
@@ -141,7 +142,7 @@ class Client:
         if snapshot.session_id is not None:
             # Back in the in-flight index first: if the message below is lost (or its worker dies),
             # the reaper requeues the session; a paused session is otherwise out of the index for good.
-            self.store.checkpoints.touch_inflight(snapshot.session_id)
+            self.inflight.touch(snapshot.session_id)
             send_advance(self.app, snapshot.session_id, "approval")
         return snapshot
 
@@ -177,7 +178,7 @@ class Client:
         with redis_errors(client, f"clear the abort, parked and poison marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
             client.hdel(self.keys.parked, session_id)
-        self.store.checkpoints.touch_inflight(session_id)
+        self.inflight.touch(session_id)
         send_advance(self.app, session_id, "resume")
 
     def sessions(self, status: str | None = None) -> list[str]:

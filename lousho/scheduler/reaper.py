@@ -18,6 +18,7 @@ from kombu.exceptions import OperationalError
 
 from lousho.errors import StoreUnavailableError
 from lousho.fleet.dispatch import send_advance
+from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
@@ -32,20 +33,20 @@ def reap_once(
     store: RedisStore, app: Any, settings: FleetSettings, now_ms: int | None = None, limit: int = 1000
 ) -> list[str]:
     """One pass: the sessions requeued (an `advance` task each)."""
-    keys = FleetKeys(store)
+    keys, inflight = FleetKeys(store), InflightIndex.of(store, settings.lease_ttl_ms)
     client = store.client
     lock_ms = max(100, round(settings.reaper_interval_s * 1000 * 0.8))
     if not client.set(keys.reaper_lock, "1", nx=True, px=lock_ms):
         return []
-    now_ms = store.checkpoints.server_time_ms() if now_ms is None else now_ms
+    now_ms = inflight.server_time_ms() if now_ms is None else now_ms
     requeued = []
-    for session_id, _deadline in store.checkpoints.inflight(due_before_ms=now_ms, limit=limit):
+    for session_id, _deadline in inflight.due(due_before_ms=now_ms, limit=limit):
         if client.exists(keys.lease(session_id)):
             continue  # a live worker holds it; its heartbeat will push the deadline
         if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
-            store.checkpoints.drop_inflight(session_id)
+            inflight.drop(session_id)
             continue
-        store.checkpoints.touch_inflight(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
+        inflight.touch(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
         if not _mark_requeue(client, keys.requeued(session_id), now_ms, settings.requeue_wait_ms):
             continue  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
         send_advance(app, session_id, "reaper")

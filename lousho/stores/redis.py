@@ -16,6 +16,7 @@ Redis (never its password). Deploy Redis with `appendonly yes` and
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -37,7 +38,8 @@ class RedisStore:
     - `ttl_s`: when set, every key of a session (and each approval) expires that long after its
       last save; each save refreshes it. None keeps them until deleted.
     - `inflight_deadline_ms`: how long an 'in-progress' session may go without a save before the
-      reaper may requeue it (0 turns the in-flight index off).
+      reaper may requeue it (0 turns the in-flight index off). A fleet's `create_app` and `Client`
+      work on `with_inflight_deadline(lease_ttl_ms)` of the store they are given.
     - `cache_size`: sessions whose last saved transcript this process remembers (to send only
       new messages); a cold or wrong cache only costs a save that sends the whole transcript.
     """
@@ -81,6 +83,24 @@ class RedisStore:
             cache_size=cache_size,
         )
         self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms)
+
+    def with_inflight_deadline(self, deadline_ms: int) -> RedisStore:
+        """This store (its client, keys, approvals and cache) whose saves give an 'in-progress' session
+        `deadline_ms` in the in-flight index: how the fleet gives it its lease's time without setting
+        anything on a store others hold (issue #14)."""
+        if deadline_ms == self.checkpoints.inflight_deadline_ms:
+            return self
+        view = copy.copy(self)
+        cps = self.checkpoints
+        view.checkpoints = RedisCheckpointStore(
+            self.client,
+            self.keys,
+            history_limit=cps.history_limit,
+            ttl_ms=cps.ttl_ms,
+            inflight_deadline_ms=deadline_ms,
+            reader=cps.reader,
+        )
+        return view
 
     @classmethod
     def from_env(cls, variable: str = "REDIS_URL", **options: Any) -> RedisStore:

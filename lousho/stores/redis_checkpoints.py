@@ -25,10 +25,11 @@ no round trip and no transcript bytes on the wire (docs/stores.md has the figure
 
 The in-flight index `<prefix>inflight` (session -> deadline, Redis server time in ms) holds the
 sessions a worker should be moving: a save of an 'in-progress' checkpoint adds or refreshes it
-(deadline = now + `inflight_deadline_ms`); a save of a 'finished' or 'awaiting-approval' one
-removes it (nothing runs until a human decides), as does `delete`. The reaper reads it with
-`inflight(due_before_ms)`. Because that key is global, a save touches two slots: this store
-targets a standalone Redis (or one primary), not Redis Cluster.
+(deadline = now + `inflight_deadline_ms`, given at construction); a save of a 'finished' or
+'awaiting-approval' one removes it (nothing runs until a human decides), as does `delete`. That
+upkeep is here because it is atomic with the save; reading and moving the index is the fleet's
+(`lousho.fleet.inflight.InflightIndex`, issue #14). Because that key is global, a save touches two
+slots: this store targets a standalone Redis (or one primary), not Redis Cluster.
 
 Messages of a transcript that a save rewrote (rare: a patched fork into the same session) stay in
 `msgs` until the session is deleted; older history entries may still refer to them.
@@ -51,7 +52,7 @@ from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, tex
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.segments import Known, SessionCache, common_prefix
 
-__all__ = ["AndThen", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
+__all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,42 @@ class SaveSkipped(Exception):
 
 
 @dataclass(frozen=True)
+class CheckpointReader:
+    """How to read a session's checkpoint inside a caller's own Lua script (`-- needs: read_checkpoint`),
+    in that script's round trip: the fleet's scripts read it as they take a lease (issue #14).
+
+    Pass `read_keys(s)` as the script's keys and `cached(s).writer` (or '') as its argument, then hand
+    the script's `read_checkpoint()` reply to `from_reply`, which also keeps the store's cache."""
+
+    keys: RedisKeys
+    cache: SessionCache
+
+    def cached(self, session_id: str) -> Known | None:
+        """What this process holds of the session's last save it made or read (None: nothing)."""
+        return self.cache.get(session_id)
+
+    def read_keys(self, session_id: str) -> tuple[str, str]:
+        """The keys `read_checkpoint.lua` reads: the head and the messages list."""
+        return self.keys.head(session_id), self.keys.messages(session_id)
+
+    def from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
+        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None)."""
+        kind = text(reply[0])
+        if kind == "none":
+            return None
+        if kind == "corrupt":
+            raise CorruptCheckpointError(session_id, text(reply[1]))
+        # 'known': this process holds the transcript of that very save (writer ids are unique).
+        messages = list(known.messages) if kind == "known" and known else parse_messages(session_id, reply[2:])
+        checkpoint, meta = decode_record(
+            session_id, reply[1], lambda segments: check_count(session_id, segments, messages)
+        )
+        if meta is not None:
+            self.cache.put(session_id, Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
+        return checkpoint
+
+
+@dataclass(frozen=True)
 class _SaveRequest:
     session_id: str
     checkpoint: Checkpoint
@@ -100,13 +137,16 @@ class RedisCheckpointStore:
         ttl_ms: int = 0,
         inflight_deadline_ms: int = 120_000,
         cache_size: int = 1024,
+        reader: CheckpointReader | None = None,
     ) -> None:
+        """`reader`: share another store's cache (`RedisStore.with_inflight_deadline`); else a new one."""
         self.client = client
         self.keys = keys
         self.history_limit = history_limit
         self.ttl_ms = ttl_ms
-        self.inflight_deadline_ms = inflight_deadline_ms
-        self._cache = SessionCache(cache_size)
+        self._inflight_deadline_ms = inflight_deadline_ms
+        self.reader = reader or CheckpointReader(keys, SessionCache(cache_size))
+        self._cache = self.reader.cache
         self._save = load_script(client, "save")
         self._load = load_script(client, "load")
         self._history = load_script(client, "history")
@@ -175,11 +215,16 @@ class RedisCheckpointStore:
             reply, after = both[0], (both[1] if len(both) > 1 else None)
         return [text(part) if isinstance(part, bytes) else part for part in reply], after
 
+    @property
+    def inflight_deadline_ms(self) -> int:
+        """How long a save keeps an 'in-progress' session in the in-flight index (0: the index is off)."""
+        return self._inflight_deadline_ms
+
     def _deadline_for(self, checkpoint: Checkpoint) -> int:
         """In-flight action: a deadline for running work, 0 (remove) otherwise, -1 when the index is off."""
-        if self.inflight_deadline_ms <= 0:
+        if self._inflight_deadline_ms <= 0:
             return -1
-        return self.inflight_deadline_ms if checkpoint.status == "in-progress" else 0
+        return self._inflight_deadline_ms if checkpoint.status == "in-progress" else 0
 
     def _settle(
         self, session_id: str, checkpoint: Checkpoint, writer_id: str, reply: list[Any], fence: tuple[str, str] | None
@@ -206,35 +251,10 @@ class RedisCheckpointStore:
     def load(self, session_id: str) -> Checkpoint | None:
         """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
         validate_session_id(session_id)
-        known = self.cached(session_id)
+        known = self.reader.cached(session_id)
         with redis_errors(self.client, f"load session {session_id!r}"):
-            reply = self._load(keys=[*self.read_keys(session_id)], args=[known.writer if known else ""])
-        return self.from_reply(session_id, reply, known)
-
-    def cached(self, session_id: str) -> Known | None:
-        """What this process holds of the session's last save it made or read (None: nothing)."""
-        return self._cache.get(session_id)
-
-    def read_keys(self, session_id: str) -> tuple[str, str]:
-        """The keys `read_checkpoint.lua` reads: the head and the messages list."""
-        return self.keys.head(session_id), self.keys.messages(session_id)
-
-    def from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
-        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None),
-        from `load` or from a worker script that reads the checkpoint as it takes a lease."""
-        kind = text(reply[0])
-        if kind == "none":
-            return None
-        if kind == "corrupt":
-            raise CorruptCheckpointError(session_id, text(reply[1]))
-        # 'known': this process holds the transcript of that very save (writer ids are unique).
-        messages = list(known.messages) if kind == "known" and known else parse_messages(session_id, reply[2:])
-        checkpoint, meta = decode_record(
-            session_id, reply[1], lambda segments: check_count(session_id, segments, messages)
-        )
-        if meta is not None:
-            self._cache.put(session_id, Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
-        return checkpoint
+            reply = self._load(keys=[*self.reader.read_keys(session_id)], args=[known.writer if known else ""])
+        return self.reader.from_reply(session_id, reply, known)
 
     # -- history ---------------------------------------------------------------------------
 
@@ -263,7 +283,7 @@ class RedisCheckpointStore:
             )
         return result
 
-    # -- delete, sessions, in-flight index -------------------------------------------------
+    # -- delete, sessions -------------------------------------------------
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
         """Forget the session; with `keep_history` the ring and the messages it refers to stay."""
@@ -299,41 +319,6 @@ class RedisCheckpointStore:
 
         stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
         return read_each(stored_heads, matching, what="session")
-
-    def inflight(self, due_before_ms: int | None = None, limit: int | None = None) -> list[tuple[str, int]]:
-        """(session, deadline ms) of in-flight sessions whose deadline is before `due_before_ms`
-        (Redis server time; now when None), earliest first."""
-        with redis_errors(self.client, "read the in-flight index"):
-            if due_before_ms is None:
-                due_before_ms = self.server_time_ms()
-            rows = cast(
-                list[tuple[bytes | str, float]],
-                self.client.zrangebyscore(
-                    self.keys.inflight,
-                    "-inf",
-                    f"({due_before_ms}",
-                    start=0 if limit else None,
-                    num=limit,
-                    withscores=True,
-                ),
-            )
-        return [(text(member), int(score)) for member, score in rows]
-
-    def touch_inflight(self, session_id: str, deadline_ms: int | None = None) -> None:
-        """Set a session's in-flight deadline (default: server now + `inflight_deadline_ms`)."""
-        with redis_errors(self.client, f"touch the in-flight deadline of {session_id!r}"):
-            deadline = deadline_ms if deadline_ms is not None else self.server_time_ms() + self.inflight_deadline_ms
-            self.client.zadd(self.keys.inflight, {session_id: deadline})
-
-    def drop_inflight(self, session_id: str) -> None:
-        """Take a session out of the in-flight index (the reaper, for a session that is gone)."""
-        with redis_errors(self.client, f"drop {session_id!r} from the in-flight index"):
-            self.client.zrem(self.keys.inflight, session_id)
-
-    def server_time_ms(self) -> int:
-        """Redis server time: deadlines follow one clock, not each worker's."""
-        seconds, micros = cast(tuple[int, int], self.client.time())
-        return int(seconds) * 1000 + int(micros) // 1000
 
     def put_raw(self, session_id: str, raw: str | bytes) -> None:
         """Store a raw value as the latest head (tests of corrupt and foreign records)."""

@@ -48,8 +48,7 @@ def create_app(
     """
     settings = settings or FleetSettings()
     # A session with no save or heartbeat for a lease's time may have lost its worker.
-    store.checkpoints.inflight_deadline_ms = settings.lease_ttl_ms
-    runtime = FleetRuntime.build(agents, store, settings, provider)
+    runtime = FleetRuntime.build(agents, store.with_inflight_deadline(settings.lease_ttl_ms), settings, provider)
     runtime.on_event = on_event
     app = Celery(name, set_as_current=False, amqp=AMQP)  # a worker survives any bytes on its queue
     app.conf.update(celery_config(broker, settings, **celery_settings))

@@ -25,10 +25,10 @@ def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSig
     try:
         if not lease.extend():
             log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
-        runtime.store.checkpoints.touch_inflight(session_id)
+        runtime.inflight.touch(session_id)
         if entry is not None:  # a tool call's run: still alive (worker/running.py)
             with redis_errors(runtime.store.client, "update the fleet's running index"):
-                now_ms = runtime.store.checkpoints.server_time_ms()
+                now_ms = runtime.inflight.server_time_ms()
                 runtime.store.client.zadd(runtime.keys.running, {entry: now_ms}, xx=True)
         with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
             aborted = runtime.store.client.exists(runtime.keys.abort(session_id))

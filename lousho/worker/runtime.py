@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
+from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
@@ -79,6 +80,10 @@ class FleetRuntime:
     @property
     def keys(self) -> FleetKeys:
         return FleetKeys(self.store)
+
+    @functools.cached_property
+    def inflight(self) -> InflightIndex:
+        return InflightIndex.of(self.store, self.settings.lease_ttl_ms)
 
     @functools.cached_property
     def scripts(self) -> FleetScripts:

@@ -129,13 +129,13 @@ class FleetScripts:
     def begin_call(self, session_id: str, field: str, lease: Lease, entry: str) -> CallBegun:
         """Read the checkpoint and the abort flag; unless the call's result is committed, take the
         call's lease and count this start. A damaged checkpoint is handed back untouched."""
-        known = self.store.checkpoints.cached(session_id)
+        known = self.store.checkpoints.reader.cached(session_id)
         keys = [
             self.keys.results(session_id),
             lease.key,
             self.keys.attempts(session_id),
             self.keys.abort(session_id),
-            *self.store.checkpoints.read_keys(session_id),
+            *self.store.checkpoints.reader.read_keys(session_id),
             self.keys.epoch(session_id),
             self.keys.running,
         ]
@@ -149,7 +149,7 @@ class FleetScripts:
         if lease.held:  # the lease's token names the incarnation it is held for (call_begin.lua)
             lease.token = f"{lease.token}@{epoch}"
         try:
-            checkpoint = self.store.checkpoints.from_reply(session_id, reply[2], known)
+            checkpoint = self.store.checkpoints.reader.from_reply(session_id, reply[2], known)
         except CorruptCheckpointError:
             self.undo_call(session_id, field, lease, (epoch, entry))
             raise
@@ -279,14 +279,14 @@ class FleetScripts:
         self, session_id: str, lease: Lease, attempt_field: str
     ) -> tuple[list[str], list[Any], Known | None]:
         """open_step.lua's KEYS and ARGV, and the cached save whose writer id they name."""
-        known = self.store.checkpoints.cached(session_id)
+        known = self.store.checkpoints.reader.cached(session_id)
         keys = [
             lease.key,
             self.keys.parked,
             self.keys.abort(session_id),
             self.keys.attempts(session_id),
             self.keys.results(session_id),
-            *self.store.checkpoints.read_keys(session_id),
+            *self.store.checkpoints.reader.read_keys(session_id),
             self.keys.epoch(session_id),
         ]
         args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else ""]
@@ -314,6 +314,6 @@ class FleetScripts:
             aborted=bool(reply[2]),
             attempts=int(reply[3]),
             results={text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)},
-            checkpoint=self.store.checkpoints.from_reply(session_id, reply[5], known),
+            checkpoint=self.store.checkpoints.reader.from_reply(session_id, reply[5], known),
             epoch=text(reply[6]),
         )

@@ -174,7 +174,7 @@ class SessionSteps:
             return await self._step(run, checkpoint, expected_turn, begun, lease)
         except RunAborted:
             await run.abort(run.latest)
-            self.runtime.store.checkpoints.drop_inflight(self.session_id)
+            self.runtime.inflight.drop(self.session_id)
             return "aborted"
         except PropagatingToolError as exc:
             self.park(f"a tool raised PropagatingToolError: {exc}")
@@ -407,7 +407,7 @@ class SessionSteps:
         checkpoint = await self.fold(run, checkpoint)
         if checkpoint.status == "in-progress":
             await run.save(checkpoint)
-        self.runtime.store.checkpoints.drop_inflight(self.session_id)
+        self.runtime.inflight.drop(self.session_id)
         if not checkpoint.pending_tool_calls():
             self.step_end.complete_turn(None)
         return "aborted"

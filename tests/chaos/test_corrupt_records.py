@@ -67,7 +67,7 @@ def check_cli(problems: list[str], fleet: ChaosFleet, command: str, good: list[s
 
 def check_warm_cache(problems: list[str], fleet: ChaosFleet, session: str) -> None:
     """Read through the client (its cache now holds the session), damage a message, enqueue again."""
-    if fleet.client.checkpoint(session) is None or fleet.store.checkpoints.cached(session) is None:
+    if fleet.client.checkpoint(session) is None or fleet.store.checkpoints.reader.cached(session) is None:
         problems.append(f"{session}: the client does not hold it after reading it")
         return
     fleet.redis.lset(fleet.store.keys.messages(session), 1, b'{"role": "assistant", "content": ')

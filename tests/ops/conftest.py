@@ -42,7 +42,7 @@ class DemoFleet:
     def start_worker(self, app: str = "lousho.demo.fleet_app", **env: str) -> WorkerProcess:
         worker = start_worker(
             app,
-            queue=self.settings.queue,
+            queue=self.settings.fleet.queue,
             name=f"w{len(self.workers) + 1}",
             env={**self.env, **env},
             cwd=str(ROOT),

@@ -18,7 +18,7 @@ from tests.ops.test_cli import assert_one_line_error, lousho
 
 
 def everything(fleet: DemoFleet, client: redis.Redis) -> dict[bytes, bytes | None]:
-    return prefix_dump(client, fleet.settings.prefix, fleet.settings.queue)
+    return prefix_dump(client, fleet.settings.prefix, fleet.settings.fleet.queue)
 
 
 @pytest.mark.parametrize("text", ["", "   "])

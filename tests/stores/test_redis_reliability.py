@@ -20,6 +20,7 @@ from redis.retry import Retry
 
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, StoreUnavailableError
+from lousho.fleet.inflight import InflightIndex
 from lousho.messages import Message
 from lousho.stores.redis import LeaseLostError, RedisStore
 from lousho.stores.redis_checkpoints import _SaveRequest
@@ -225,7 +226,7 @@ def test_unreachable_redis_is_store_unavailable_naming_it_without_the_password(k
         lambda: store.checkpoints.history("s"),
         lambda: store.checkpoints.delete("s"),
         lambda: store.checkpoints.sessions(),
-        lambda: store.checkpoints.inflight(),
+        lambda: InflightIndex.of(store, 1_000).due(),
         lambda: store.approvals.save(sample_snapshot("a")),
         lambda: store.approvals.load("a"),
         lambda: store.approvals.decide("a", True, None),

@@ -11,6 +11,7 @@ from redis.cluster import key_slot
 
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CheckpointConflictError, ConfigurationError, CorruptCheckpointError, InvalidSessionIdError
+from lousho.fleet.inflight import InflightIndex
 from lousho.messages import Message
 from lousho.stores.redis import RedisStore
 from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
@@ -113,23 +114,23 @@ def test_without_ttl_keys_do_not_expire(redis_store: RedisStore, redis_client: r
 
 def test_inflight_index_tracks_running_sessions_by_server_deadline(make_redis_store: MakeStore) -> None:
     store = make_redis_store(inflight_deadline_ms=5_000)
-    cps = store.checkpoints
+    cps, index = store.checkpoints, InflightIndex.of(store, 5_000)
     running = run_steps(store, "running", 2)[-1]
     run_steps(store, "paused", 1)
-    now = cps.server_time_ms()
-    tracked = dict(cps.inflight(due_before_ms=now + 60_000))
+    now = index.server_time_ms()
+    tracked = dict(index.due(due_before_ms=now + 60_000))
     assert set(tracked) == {"running", "paused"}
     assert all(now + 4_000 < deadline <= now + 5_000 for deadline in tracked.values()), tracked
-    assert len(cps.inflight(now + 60_000, limit=1)) == 1
-    assert cps.inflight() == [], "nothing is due yet"
+    assert len(index.due(now + 60_000, limit=1)) == 1
+    assert index.due() == [], "nothing is due yet"
     cps.save("paused", grow(cps.load("paused"), status="awaiting-approval"))  # type: ignore[arg-type]
     cps.save("running", grow(running, status="finished", finish_reason="stop"))
-    assert cps.inflight(now + 60_000) == []
+    assert index.due(now + 60_000) == []
     run_steps(store, "again", 1)
-    cps.touch_inflight("again", deadline_ms=1)
-    assert cps.inflight(due_before_ms=now) == [("again", 1)]
+    index.touch("again", deadline_ms=1)
+    assert index.due(due_before_ms=now) == [("again", 1)]
     cps.delete("again")
-    assert cps.inflight(now + 60_000) == []
+    assert index.due(now + 60_000) == []
 
 
 def test_inflight_index_can_be_turned_off(make_redis_store: MakeStore, redis_client: redis.Redis) -> None:

@@ -40,9 +40,9 @@ DAMAGED = {
 def read_reply_kind(store: RedisStore, session: str) -> str:
     """What the store's read script answers this store for the session: 'known' (from the cache),
     'head' (the transcript was sent), 'corrupt' or 'none'."""
-    known = store.checkpoints.cached(session)
+    known = store.checkpoints.reader.cached(session)
     reply = load_script(store.client, "load")(
-        keys=[*store.checkpoints.read_keys(session)], args=[known.writer if known else ""]
+        keys=[*store.checkpoints.reader.read_keys(session)], args=[known.writer if known else ""]
     )
     return text(reply[0])
 
