@@ -33,3 +33,11 @@ def assert_valid_transcript(messages: list[Message]) -> None:
             index += 1 + len(got)
             continue
         index += 1
+
+
+def assert_finished_with_every_result(checkpoint: Checkpoint | None, session: str) -> None:
+    """Finished, a valid transcript, and one result per call in call order."""
+    assert checkpoint is not None and checkpoint.status == "finished", session
+    assert_valid_transcript(checkpoint.messages)
+    calls = [c.id for m in checkpoint.messages if m.role == "assistant" for c in m.tool_calls]
+    assert [m.tool_call_id for m in checkpoint.messages if m.role == "tool"] == calls, session

@@ -17,7 +17,7 @@ from lousho.providers import ScriptedProvider
 from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.redis import RedisStore
 from lousho.testing.fleet import FleetDriver, SentTask
-from tests.engine.helpers import assert_valid_transcript
+from tests.engine.helpers import assert_finished_with_every_result, assert_valid_transcript
 from tests.fleet.conftest import tool_turn
 
 # Leases that outlive any test: one expires when the test says so (`FleetDriver.expire_lease`), never by
@@ -86,11 +86,7 @@ def only(driver: FleetDriver) -> SentTask:
 def assert_guarantees(driver: FleetDriver, jobs: Jobs, sessions: list[str]) -> None:
     assert jobs.violations == []
     for session in sessions:
-        checkpoint = driver.client.checkpoint(session)
-        assert checkpoint is not None and checkpoint.status == "finished", session
-        assert_valid_transcript(checkpoint.messages)
-        calls = [c.id for m in checkpoint.messages if m.role == "assistant" for c in m.tool_calls]
-        assert [m.tool_call_id for m in checkpoint.messages if m.role == "tool"] == calls, session
+        assert_finished_with_every_result(driver.client.checkpoint(session), session)
 
 
 def tool_results(driver: FleetDriver, session: str) -> list[Any]:

@@ -7,7 +7,7 @@ import random
 import signal
 
 from lousho import Message
-from tests.engine.helpers import assert_valid_transcript
+from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 
 
@@ -22,11 +22,7 @@ def random_script(rng: random.Random, session: str) -> list[Message]:
 def assert_guarantees(fleet: Fleet, sessions: list[str]) -> None:
     assert fleet.violations() == []
     for session in sessions:
-        checkpoint = fleet.client.checkpoint(session)
-        assert checkpoint is not None and checkpoint.status == "finished", session
-        assert_valid_transcript(checkpoint.messages)
-        calls = [c.id for m in checkpoint.messages if m.role == "assistant" for c in m.tool_calls]
-        assert [m.tool_call_id for m in checkpoint.messages if m.role == "tool"] == calls, session
+        assert_finished_with_every_result(fleet.client.checkpoint(session), session)
 
 
 def test_sessions_finish_with_every_guarantee_when_workers_are_killed(fleet: Fleet) -> None:
