@@ -57,7 +57,8 @@ class Checkpoint(BaseModel):
     messages: list[Message] = Field(default_factory=list)
     """The whole conversation, across runs; it only grows."""
     step_index: int = 0
-    """Model turns taken by the current run."""
+    """Model turns taken by the current run (its `steps`, counted against `max_steps`). A turn's own
+    number is counted over the whole transcript instead: `turns` (issue #14)."""
     usage: Usage = Field(default_factory=Usage)
     """Token usage of the current run."""
     run_start: int = 0
@@ -73,6 +74,12 @@ class Checkpoint(BaseModel):
     fingerprint: AgentFingerprint | None = None
     run_config: dict[str, Any] | None = None
     """A dynamic agent's `ctx` and the model it chose."""
+
+    @property
+    def turns(self) -> int:
+        """The model turns in the transcript, across runs: turn `n` is the n-th assistant message, the
+        number in a fleet task's id (`<session>/turn/<n>`) and in the worker's results (issue #14)."""
+        return sum(m.role == "assistant" for m in self.messages)
 
     def last_tool_turn(self) -> tuple[int, Message] | None:
         """The newest assistant message, with its index, when it asked for tools."""

@@ -46,8 +46,8 @@ CANCELLED_RESULT = tool_error("cancelled", "The run was aborted before this call
 
 @dataclass(frozen=True)
 class ModelTurn:
-    step: int
-    """The turn's number in the run (1-based)."""
+    turn: int
+    """The number of the turn to ask, over the whole transcript (`Checkpoint.turns` + 1)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ def next_step(checkpoint: Checkpoint, max_steps: int) -> Step:
         return Finish("stop", already_saved=False)
     if checkpoint.step_index >= max_steps:
         return Finish("max-steps", already_saved=False)
-    return ModelTurn(checkpoint.step_index + 1)
+    return ModelTurn(checkpoint.turns + 1)
 
 
 def finish(checkpoint: Checkpoint, reason: str) -> Checkpoint:

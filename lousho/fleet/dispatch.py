@@ -96,7 +96,7 @@ def send_advance(app: Any, session_id: str, reason: str) -> None:
 
 def turn_number(checkpoint: Checkpoint) -> int:
     """The next model turn's number over the whole transcript (task ids stay unique across runs)."""
-    return sum(m.role == "assistant" for m in checkpoint.messages) + 1
+    return checkpoint.turns + 1
 
 
 def tool_turn(checkpoint: Checkpoint) -> int:

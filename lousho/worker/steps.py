@@ -191,7 +191,7 @@ class SessionSteps:
             if isinstance(step, SendPendingInput):
                 checkpoint = append_pending_input(checkpoint)
             elif isinstance(step, ModelTurn):
-                turn = turn_number(checkpoint)
+                turn = step.turn
                 if expected_turn is not None and turn != expected_turn:
                     return "stale"
                 counted = turn == expected_turn  # the start was counted as the lease was taken
