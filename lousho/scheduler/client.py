@@ -19,6 +19,7 @@ from lousho.fleet.keys import FleetKeys, new_epoch
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
+from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
@@ -146,7 +147,8 @@ class Client:
             send_advance(self.app, snapshot.session_id, "approval")
         return snapshot
 
-    def approvals(self, session_id: str | None = None) -> list[ApprovalSnapshot]:
+    def approvals(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
+        """Pending approvals (of one session, or all); `.skipped` names the unreadable ones (issue #21)."""
         return self.store.approvals.pending(session_id)
 
     def abort(self, session_id: str) -> bool:
@@ -181,12 +183,13 @@ class Client:
         self.inflight.touch(session_id)
         send_advance(self.app, session_id, "resume")
 
-    def sessions(self, status: str | None = None) -> list[str]:
-        """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked')."""
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked');
+        `.skipped` names the unreadable ones (issue #21)."""
         if status == "parked":
             with redis_errors(self.store.client, "list the parked sessions"):
                 names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
-            return sorted(k.decode() if isinstance(k, bytes) else k for k in names)
+            return Listing(sorted(k.decode() if isinstance(k, bytes) else k for k in names))
         return self.store.checkpoints.sessions(status)
 
 
