@@ -87,6 +87,24 @@ class ApprovalSnapshot(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property
+    def waiting(self) -> ApprovalSnapshot:
+        """The snapshot of the call that waits for the decision: the innermost sub-agent's when the
+        pause came from a sub-agent (its tool call, arguments and session), else this one. Listings
+        show it, naming this snapshot's session as its parent (issue #14)."""
+        return self if self.child is None else self.child.waiting
+
+    def for_session(self, session_id: str | None) -> ApprovalSnapshot | None:
+        """The part of this snapshot that `session_id` paused on (this one, or a sub-agent's nested in
+        it), carrying this snapshot's decision: a decision is recorded on the outermost snapshot, the one
+        stored under the id, and each session of the chain applies it to its own part (issue #14)."""
+        part: ApprovalSnapshot | None = self
+        while part is not None and part.session_id != session_id:
+            part = part.child
+        if part is None or part is self:
+            return part
+        return part.model_copy(update={"status": self.status, "note": self.note, "decided_at": self.decided_at})
+
+    @property
     def decision(self) -> ApprovalDecision | None:
         if self.status == "pending":
             return None

@@ -74,6 +74,9 @@ class Checkpoint(BaseModel):
     fingerprint: AgentFingerprint | None = None
     run_config: dict[str, Any] | None = None
     """A dynamic agent's `ctx` and the model it chose."""
+    parent_session_id: str | None = None
+    """Set on a sub-agent's session: the session whose tool call it runs (`agent_tool`). On the fleet
+    the sub-agent tells that session when it finishes or pauses (issue #14)."""
 
     @property
     def turns(self) -> int:

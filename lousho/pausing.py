@@ -39,6 +39,8 @@ async def pause_for_approval(
     calls = turn[1].tool_calls if turn else []
     remaining = calls[[c.id for c in calls].index(call.id) + 1 :]
     child = await maybe_await(store.load(child_approval_id)) if child_approval_id else None
+    if child is not None and child.session_id == run.session_id:
+        child = child.child  # this run's own earlier pause on it, whose checkpoint was never saved (a crash)
     approval_id = child_approval_id or f"appr_{uuid.uuid4().hex}"
     paused = run.stamp(checkpoint, status="awaiting-approval", approval_id=approval_id)
     snapshot = ApprovalSnapshot(

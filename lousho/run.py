@@ -58,7 +58,7 @@ class Run(RunContext):
             start = start_session(
                 self.session_id or f"run-{uuid.uuid4().hex}", self.agent.instructions, messages, business_state
             )
-            return await self.run(start)
+            return await self.run(start.model_copy(update={"parent_session_id": self.parent_session_id}))
         if stored.status == "awaiting-approval":
             return await self._continue_decided_approval(stored)
         if stored.status == "in-progress":
@@ -269,4 +269,5 @@ class Run(RunContext):
             max_steps=agent.max_steps,
             signal=self.signal,
             on_agent_drift="ignore",
+            parent_session_id=self.session_id,
         )

@@ -101,6 +101,8 @@ class RunContext:
     on_event: EventSink | None = None
     on_agent_drift: DriftPolicy = "warn"
     metadata: dict[str, Any] = field(default_factory=dict)
+    parent_session_id: str | None = None
+    """A sub-agent's run: the session whose tool call it runs (recorded in its checkpoint)."""
     latest: Checkpoint = field(init=False)
     """The newest checkpoint of this run, saved or not: what an abort starts from. Whoever
     drives the steps sets it after each one."""

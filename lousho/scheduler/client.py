@@ -15,7 +15,7 @@ from lousho.engine import ModelTurn, next_step
 from lousho.errors import ConfigurationError, SDKError, SessionAwaitingApprovalError, StoreUnavailableError
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
 from lousho.fleet.inflight import InflightIndex
-from lousho.fleet.keys import FleetKeys, new_epoch
+from lousho.fleet.keys import FleetKeys
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
@@ -75,7 +75,7 @@ class Client:
         if checkpoint is None:
             return session_id
         if stored is None:
-            self._new_incarnation(session_id)
+            self.keys.new_incarnation(session_id)
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
         try:
             self._wake(session_id, checkpoint)
@@ -84,20 +84,6 @@ class Client:
         except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
             raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from None
         return session_id
-
-    def _new_incarnation(self, session_id: str) -> None:
-        """A new session is a new incarnation (lua/lib/epoch.lua, issue #21): a fresh epoch, and none of
-        the fleet state a deleted session of the same id left behind (its results, marks, poison
-        counts, its lease). Work of that earlier run still under way then commits nothing, and its
-        fenced saves are refused: its lease is gone. One transaction, before the record is saved."""
-        keys = self.keys
-        with redis_errors(self.store.client, f"start a new incarnation of {session_id!r}"):
-            pipe = self.store.client.pipeline(transaction=True)
-            pipe.set(keys.epoch(session_id), new_epoch())
-            pipe.delete(keys.lease(session_id), keys.results(session_id), keys.dispatched(session_id))
-            pipe.delete(keys.attempts(session_id), keys.abort(session_id))
-            pipe.hdel(keys.parked, session_id)
-            pipe.execute()
 
     def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
         client = self.store.client

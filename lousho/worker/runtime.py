@@ -43,13 +43,6 @@ def _provider_of(entry: Any, default: LLMProvider | None) -> tuple[Agent, LLMPro
         raise ConfigurationError(
             f"agent {agent.name!r} has no provider: pass provider= to create_app or use create_agent"
         )
-    tools = [] if callable(agent.tools) else list(agent.tools)
-    sub_agents = [t.name for t in tools if t.sub_agent is not None]
-    if sub_agents:
-        raise ConfigurationError(
-            f"agent {agent.name!r} has sub-agent tools ({', '.join(sub_agents)}); on the fleet they are not "
-            "supported yet: run this agent in process (create_agent / AgentExecutor)"
-        )
     return agent, provider
 
 
@@ -71,11 +64,21 @@ class FleetRuntime:
     ) -> FleetRuntime:
         runtime = cls(store=store, settings=settings)
         for entry in agents:
-            agent, agent_provider = _provider_of(entry, provider)
-            if agent.name in runtime.agents:
-                raise ConfigurationError(f"two agents are named {agent.name!r}; names pick the agent of a job")
-            runtime.agents[agent.name] = (agent, agent_provider)
+            runtime.serve(*_provider_of(entry, provider))
         return runtime
+
+    def serve(self, agent: Agent, provider: LLMProvider) -> None:
+        """Serve `agent`, and its sub-agents (`agent_tool`) with the same provider: on the fleet a
+        sub-agent runs as a session of its own, which any worker picks up by the agent's name (issue #14).
+        A dynamic agent's tools are known per run: its sub-agents are passed to `create_app` too."""
+        if agent.name in self.agents:
+            if self.agents[agent.name][0] is agent:
+                return  # the same sub-agent under two parents, or served on its own too
+            raise ConfigurationError(f"two agents are named {agent.name!r}; names pick the agent of a job")
+        self.agents[agent.name] = (agent, provider)
+        for tool in [] if callable(agent.tools) else agent.tools:
+            if tool.sub_agent is not None:
+                self.serve(tool.sub_agent, provider)
 
     @property
     def keys(self) -> FleetKeys:

@@ -54,6 +54,7 @@ from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Begun, turn_results
+from lousho.worker.sub_agents import ChildProgress, abort_children, sub_agent_call, sub_agent_of, tell_parent
 
 __all__ = ["FencedCheckpoints", "SessionSteps"]
 
@@ -93,6 +94,8 @@ class SessionSteps:
         None until the step has read it."""
         self.step_end = StepEnd(runtime, session_id)
         """What the step's end must do (`ending.py`)."""
+        self.parent_session_id: str | None = None
+        """A sub-agent's session: its parent's, told when the step ends it (`sub_agents.py`)."""
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -154,12 +157,14 @@ class SessionSteps:
         self.step_end.redispatch = redispatch
         try:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
-                return await self._advance_locked(lease, begun, expected_turn)
+                outcome = await self._advance_locked(lease, begun, expected_turn)
         except BaseException:
             self.step_end.forget()
             raise
         finally:
             self.step_end.finish(lease)
+        tell_parent(self, outcome)
+        return outcome
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
         self.epoch = self.step_end.epoch = begun.epoch
@@ -168,6 +173,7 @@ class SessionSteps:
         if begun.parked:
             return "parked"
         self.abort_flag = begun.aborted
+        self.parent_session_id = begun.checkpoint.parent_session_id
         run = await self.make_run(begun.checkpoint, lease)
         checkpoint = materialize_accepted(begun.checkpoint, run.agent.instructions)
         try:
@@ -243,7 +249,7 @@ class SessionSteps:
         window: list[ToolCall] = []
         for call in checkpoint.pending_tool_calls()[: run.agent.definition.tool_concurrency]:
             plan = await plan_tool_call(call, run.agent, run.tool_context(call))
-            if plan.preset or plan.needs_approval:
+            if plan.preset or plan.needs_approval or sub_agent_of(run, call) is not None:
                 return None
             window.append(call)
         return window
@@ -279,24 +285,30 @@ class SessionSteps:
         """A tool call's task, holding the session's lease (`commit_call`): fold what is committed and
         send what is next. A late copy of a call whose turn is complete does nothing."""
         try:
-            checkpoint = begun.checkpoint
-            if checkpoint is None:
-                return "unknown-session"
-            if begun.parked:
-                return "parked"
-            self.epoch = self.step_end.epoch = begun.epoch
-            if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
-                return "nothing-to-fold"
-            self.abort_flag = begun.aborted
-            run = await self.make_run(checkpoint, lease)
-            if begun.aborted and checkpoint.status == "in-progress":
-                return await self.abort(run, checkpoint)
-            return await self.dispatch(run, checkpoint, begun.results)
+            outcome = await self._fold_after_call(lease, begun)
         except BaseException:
             self.step_end.forget()
             raise
         finally:
             self.step_end.finish(lease)
+        tell_parent(self, outcome)
+        return outcome
+
+    async def _fold_after_call(self, lease: Lease, begun: Begun) -> str:
+        checkpoint = begun.checkpoint
+        if checkpoint is None:
+            return "unknown-session"
+        if begun.parked:
+            return "parked"
+        self.epoch = self.step_end.epoch = begun.epoch
+        if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
+            return "nothing-to-fold"
+        self.abort_flag = begun.aborted
+        self.parent_session_id = checkpoint.parent_session_id
+        run = await self.make_run(checkpoint, lease)
+        if begun.aborted and checkpoint.status == "in-progress":
+            return await self.abort(run, checkpoint)
+        return await self.dispatch(run, checkpoint, begun.results)
 
     # -- tool calls ----------------------------------------------------------------------
 
@@ -315,7 +327,7 @@ class SessionSteps:
             if not pending:
                 self.step_end.complete_turn(turn_number(checkpoint))
                 return "turn-enqueued"
-            window, settled = [], False
+            window, children, settled = [], 0, False
             for call in [c for c in pending if c.id not in results]:
                 plan = await plan_tool_call(call, run.agent, run.tool_context(call))
                 if plan.preset:  # committed here, folded on the next pass
@@ -326,8 +338,17 @@ class SessionSteps:
                         await run.pause(checkpoint, call)
                         return "awaiting-approval"
                     break
-                window.append(call)
-                if len(window) >= run.agent.definition.tool_concurrency:
+                if sub_agent_of(run, call) is not None:  # a session of its own (sub_agents.py)
+                    progress = await sub_agent_call(self, run, checkpoint, call, plan.args, call.id == pending[0].id)
+                    if progress is ChildProgress.PAUSED:
+                        return "awaiting-approval"
+                    if progress is ChildProgress.BLOCKED:
+                        break
+                    settled = settled or progress is ChildProgress.SETTLED
+                    children += progress is ChildProgress.RUNNING
+                else:
+                    window.append(call)
+                if len(window) + children >= run.agent.definition.tool_concurrency:
                     break
             if not settled:
                 self.send_tools(checkpoint, window)
@@ -365,28 +386,36 @@ class SessionSteps:
             return checkpoint
         resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
         resumed = await run.save(record_tool_result(resumed, snapshot.tool_call, results[snapshot.tool_call.id]))
-        self.runtime.store.approvals.save(snapshot.model_copy(update={"applied_at": utc_now()}))
+        self.mark_applied(snapshot.id)
         if snapshot.remaining_tool_calls is None:
             for call in resumed.pending_tool_calls():  # an old snapshot: the rest does not run (reference)
                 self.commit_result(resumed, call.id, NOT_RUN)
         return resumed
 
     def approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
-        """The approval the checkpoint waits on, as stored now (None when it waits on none)."""
+        """The approval the checkpoint waits on, as stored now (None when it waits on none): this
+        session's part of it, with the decision, when a parent's snapshot nests it (a sub-agent's)."""
         if checkpoint.approval_id is None:
             return None
         snapshot: ApprovalSnapshot | None = self.runtime.store.approvals.load(checkpoint.approval_id)
-        return snapshot
+        return snapshot.for_session(self.session_id) if snapshot is not None else None
+
+    def mark_applied(self, approval_id: str) -> None:
+        """The decision is recorded in the run: mark the stored snapshot (the outermost, for a sub-agent's)."""
+        stored: ApprovalSnapshot | None = self.runtime.store.approvals.load(approval_id)
+        if stored is not None:
+            self.runtime.store.approvals.save(stored.model_copy(update={"applied_at": utc_now()}))
 
     async def on_approval(self, run: Run, checkpoint: Checkpoint) -> str:
         """A decided approval: commit a rejection, or send the approved call to run as its own task."""
         snapshot = self.approval(checkpoint)
         if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
             return "awaiting-approval"
-        await prepare_resume(run, snapshot, checkpoint, self.runtime.store.approvals)  # drift and missing tools
-        if snapshot.child is not None:  # a sub-agent's approval: resumed in this task, in process
-            await run.apply_decision(snapshot, checkpoint, self.runtime.store.approvals)
-            return "resumed-in-process"
+        resumed = await prepare_resume(run, snapshot, checkpoint, self.runtime.store.approvals)  # drift, tools
+        if snapshot.child is not None:
+            # A sub-agent's approval: this session goes back to waiting on its sub-agent call, and the
+            # sub-agent applies the decision to its own call (sub_agents.py, issue #14).
+            return await self.dispatch(run, await run.save(resumed))
         call = snapshot.tool_call
         if snapshot.status == "rejected":
             self.commit_result(
@@ -402,6 +431,7 @@ class SessionSteps:
         """Every unfinished call gets its committed result or 'cancelled'; the run stays 'in-progress'
         and idle (out of the in-flight index) until new input or `Client.resume`."""
         checkpoint = await self.fold(run, checkpoint)
+        abort_children(self, run, checkpoint)
         for call in checkpoint.pending_tool_calls():
             self.commit_result(checkpoint, call.id, CANCELLED_RESULT)
         checkpoint = await self.fold(run, checkpoint)
