@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, StrictBool
 
+from lousho.approvals import ApprovalSnapshot
 from lousho.errors import (
     ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
@@ -50,9 +51,24 @@ class JobOut(BaseModel):
 class ApprovalOut(BaseModel):
     id: str
     session_id: str | None
+    """The session whose call waits: a sub-agent's, when the call was made inside a sub-agent."""
+    parent_session_id: str | None = None
+    """For a sub-agent's call: the job's session that the sub-agent runs for (paused on the same id)."""
     tool: str
     arguments: dict[str, Any]
     created_at: str
+
+    @classmethod
+    def of(cls, snapshot: ApprovalSnapshot) -> ApprovalOut:
+        waiting = snapshot.waiting  # the inner call of a sub-agent's approval (issue #14)
+        return cls(
+            id=snapshot.id,
+            session_id=waiting.session_id,
+            parent_session_id=snapshot.session_id if waiting is not snapshot else None,
+            tool=waiting.tool_call.name,
+            arguments=waiting.tool_call.arguments,
+            created_at=snapshot.created_at,
+        )
 
 
 class DecisionIn(BaseModel):
@@ -118,16 +134,7 @@ def create_app(client: Client | None = None) -> FastAPI:
 
     @api.get("/approvals")
     def approvals(client: ClientDep, session_id: str | None = None) -> list[ApprovalOut]:
-        return [
-            ApprovalOut(
-                id=a.id,
-                session_id=a.session_id,
-                tool=a.tool_call.name,
-                arguments=a.tool_call.arguments,
-                created_at=a.created_at,
-            )
-            for a in client.approvals(session_id)
-        ]
+        return [ApprovalOut.of(a) for a in client.approvals(session_id)]
 
     @api.post("/approvals/{approval_id}")
     def decide(approval_id: str, decision: DecisionIn, client: ClientDep) -> DecisionOut:

@@ -96,3 +96,20 @@ async def test_a_sub_agent_that_pauses_again_pauses_the_parent_again(store: Memo
     assert parent is not None and parent.approval_id == second.approval_id
     final = await resolve(second.approval_id, planner, store, provider)
     assert final.text == "All paid." and dict(log.runs) == {"c1": 1, "c2": 1}
+
+
+async def test_pending_shows_the_sub_agents_inner_call_and_names_the_parent(store: MemoryStore, log: ToolLog) -> None:
+    planner, _ = agents(log)
+    provider = ScriptedProvider([
+        tool_calls(("pay", "cashier", {"input": "charge 30"})),
+        tool_calls(("c1", "charge_card", {"amount": 30})),
+    ])
+    await start(planner, store, provider)
+
+    [listed] = store.approvals.pending()
+
+    assert listed.session_id == "trip"  # the parent, paused on the same approval
+    assert listed.waiting.session_id == "trip.sub-pay"
+    assert (listed.waiting.tool_call.name, listed.waiting.tool_call.arguments) == ("charge_card", {"amount": 30})
+    child = store.checkpoints.load("trip.sub-pay")
+    assert child is not None and child.parent_session_id == "trip"

@@ -179,3 +179,27 @@ def test_aborting_the_parent_cancels_the_sub_agent(driver: FleetDriver, travel: 
     assert driver.client.status(CHILD).aborted
     assert child.status == "in-progress" and child.pending_tool_calls() == []
     assert travel.runs == {}
+
+
+async def test_the_web_apps_approvals_show_the_inner_call_and_name_the_parent(
+    driver: FleetDriver, travel: Travel
+) -> None:
+    import httpx
+
+    from examples.webapp.app import create_app
+
+    gated_trip(travel)
+    driver.client.enqueue("planner", "plan", session_id="trip")
+    driver.run_until_idle()
+    transport = httpx.ASGITransport(app=create_app(driver.client))
+    async with httpx.AsyncClient(transport=transport, base_url="http://webapp.test") as http:
+        [listed] = (await http.get("/approvals")).json()
+        assert (listed["session_id"], listed["parent_session_id"]) == (CHILD, "trip")
+        assert (listed["tool"], listed["arguments"]) == ("charge_card", {"amount": 30})
+
+        decided = await http.post(f"/approvals/{listed['id']}", json={"approved": True})
+        assert decided.status_code == 200, decided.text
+    driver.run_until_idle()
+
+    assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
+    assert travel.runs == {"c1": 1}
