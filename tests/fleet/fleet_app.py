@@ -35,7 +35,7 @@ from typing import Any
 import redis as redis_py
 from pydantic import BaseModel
 
-from lousho import Agent, Message, ToolContext, define_tool
+from lousho import Agent, Message, ToolContext, agent_tool, define_tool
 from lousho.events import CheckpointSavedEvent, Event
 from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.redis import RedisStore
@@ -148,7 +148,24 @@ agent = Agent(
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
-app = create_app(agents=[agent], store=store, broker=os.environ.get("LOUSHO_TEST_FLEET_BROKER") or broker_url(URL),
+# Sub-agents on the fleet (issue #14): `planner` hands work to `cashier`, a session of its own whose `work`
+# can be killed like any (trigger `tool:<call id>`) and whose `charge` needs approval.
+cashier = Agent(
+    name="cashier",
+    model="scripted",
+    instructions="You take payments.",
+    tools=[
+        define_tool(name="work", description="Do some work", input=Work, execute=work),
+        define_tool(name="charge", description="Charge money", input=Charge, execute=charge, needs_approval=True),
+    ],
+)
+planner = Agent(
+    name="planner",
+    model="scripted",
+    instructions="You plan trips.",
+    tools=[agent_tool(cashier, name="pay"), define_tool(name="work", description="Do some work", input=Work, execute=work)],
+)
+app = create_app(agents=[agent, planner], store=store, broker=os.environ.get("LOUSHO_TEST_FLEET_BROKER") or broker_url(URL),
                  provider=ScriptFromRedis(), settings=SETTINGS,
                  on_event=on_event, **json.loads(os.environ.get("LOUSHO_TEST_CELERY_CONF") or "{}"))
 

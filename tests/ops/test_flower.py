@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,25 +33,16 @@ def get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-@pytest.fixture
-def flower(demo_fleet: DemoFleet, tmp_path: Path) -> Iterator[str]:
-    """`celery -A lousho.demo.fleet_app flower` on a free port; yields its base URL; ended by pid."""
+@contextlib.contextmanager
+def running_flower(app: str, env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """`celery -A <app> flower` on a free port; yields its base URL; ended by pid."""
     port = free_port()
-    env = {**cli_env(demo_fleet), "FLOWER_UNAUTHENTICATED_API": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "lousho.demo.fleet_app",
-        "flower",
-        f"--port={port}",
-        "--address=127.0.0.1",
-    ]
-    with open(tmp_path / "flower.log", "wb") as log:
+    command = [sys.executable, "-m", "celery", "-A", app, "flower", f"--port={port}", "--address=127.0.0.1"]
+    with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            command, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+            command, env={**env, "FLOWER_UNAUTHENTICATED_API": "1"}, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -61,7 +53,7 @@ def flower(demo_fleet: DemoFleet, tmp_path: Path) -> Iterator[str]:
                         break
             except OSError:
                 pass
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "flower.log").read_text()[-3000:]
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.1)
         yield base
     finally:
@@ -72,6 +64,23 @@ def flower(demo_fleet: DemoFleet, tmp_path: Path) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait(timeout=10)
+
+
+@pytest.fixture
+def flower(demo_fleet: DemoFleet, tmp_path: Path) -> Iterator[str]:
+    with running_flower("lousho.demo.fleet_app", cli_env(demo_fleet), tmp_path / "flower.log") as base:
+        yield base
+
+
+def wait_for_tasks(flower: str, expected: set[str], timeout_s: float = 15.0) -> dict[str, Any]:
+    """Flower's tasks, once every task of `expected` is there and succeeded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tasks: dict[str, Any] = get_json(f"{flower}/api/tasks")
+        if expected <= set(tasks) and all(tasks[t]["state"] == "SUCCESS" for t in expected):
+            return tasks
+        assert time.monotonic() < deadline, {t: (v["name"], v["state"]) for t, v in tasks.items()}
+        time.sleep(0.1)
 
 
 def test_flower_lists_model_turns_and_tool_calls_by_session_and_call(demo_fleet: DemoFleet, flower: str) -> None:
@@ -98,13 +107,7 @@ def test_flower_lists_model_turns_and_tool_calls_by_session_and_call(demo_fleet:
         "trip-oslo/turn/2/tool/oslo_book": ("tool:book_table", "session=trip-oslo turn=2 call=oslo_book tool=book_table"),
         "trip-oslo/turn/3": ("lousho.model_turn", "session=trip-oslo turn=3"),
     }
-    deadline = time.monotonic() + 15
-    while True:
-        tasks = get_json(f"{flower}/api/tasks")
-        if set(expected) <= set(tasks) and all(tasks[t]["state"] == "SUCCESS" for t in expected):
-            break
-        assert time.monotonic() < deadline, {t: (v["name"], v["state"]) for t, v in tasks.items()}
-        time.sleep(0.1)
+    tasks = wait_for_tasks(flower, set(expected))
     assert seen_while_running & set(expected)  # Flower showed them as they ran, not only at the end
     for task_id, (name, args) in expected.items():
         assert (tasks[task_id]["name"], tasks[task_id]["args"]) == (name, args)
