@@ -102,7 +102,13 @@ class ApprovalSnapshot(BaseModel):
             part = part.child
         if part is None or part is self:
             return part
-        return part.model_copy(update={"status": self.status, "note": self.note, "decided_at": self.decided_at})
+        decision = {
+            "status": self.status,
+            "note": self.note,
+            "decided_at": self.decided_at,
+            "applied_at": self.applied_at,
+        }
+        return part.model_copy(update=decision)
 
     @property
     def decision(self) -> ApprovalDecision | None:

@@ -8,7 +8,13 @@ from lousho.checkpoint import Checkpoint
 from lousho.errors import InvalidInputError
 from lousho.messages import ACCEPTED_INPUT, Message, Usage, as_messages
 
-__all__ = ["add_input_to_unfinished", "continue_finished", "start_session", "validate_input"]
+__all__ = [
+    "add_input_to_unfinished",
+    "continue_finished",
+    "materialize_accepted",
+    "start_session",
+    "validate_input",
+]
 
 
 def _without_system(messages: list[Message]) -> list[Message]:
@@ -83,6 +89,22 @@ def start_session(session_id: str, instructions: str, messages: list[Message], b
         run_start=len(system),
         run_input_count=len(user),
         business_state=business_state,
+    )
+
+
+def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:
+    """An accepted record (written by `Client.enqueue`, which has no agent code) gets its system prompt,
+    by the rule of a new session in process (`start_session`: one opening transcript, issue #21)."""
+    if checkpoint.messages or not checkpoint.pending_input:
+        return checkpoint
+    start = start_session(checkpoint.session_id, instructions, checkpoint.pending_input, checkpoint.business_state)
+    return checkpoint.model_copy(
+        update={
+            "messages": start.messages,
+            "pending_input": [],
+            "run_start": start.run_start,
+            "run_input_count": start.run_input_count,
+        }
     )
 
 

@@ -23,7 +23,7 @@ import logging
 from typing import Any
 
 from lousho.abort import AbortSignal, RunAborted
-from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint
 from lousho.engine import (
     CANCELLED_RESULT,
@@ -41,13 +41,12 @@ from lousho.engine import (
 from lousho.errors import CheckpointConflictError, PropagatingToolError, SessionSupersededError
 from lousho.fleet.dispatch import tool_turn, turn_number
 from lousho.fleet.keys import result_field
-from lousho.inputs import start_session
+from lousho.inputs import materialize_accepted
 from lousho.messages import ToolCall
-from lousho.pausing import NOT_RUN, prepare_resume
 from lousho.run import Run
 from lousho.stores.redis_checkpoints import SaveSkipped
 from lousho.stores.redis_common import redis_errors
-from lousho.tools import tool_error
+from lousho.worker.approving import apply_decided_approval, fold_decided_approval
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.leases import Lease
@@ -59,22 +58,6 @@ from lousho.worker.sub_agents import ChildProgress, abort_children, sub_agent_ca
 __all__ = ["FencedCheckpoints", "SessionSteps"]
 
 log = logging.getLogger("lousho.worker")
-
-
-def materialize_accepted(checkpoint: Checkpoint, instructions: str) -> Checkpoint:
-    """An accepted record (written by `Client.enqueue`, which has no agent code) gets its system prompt,
-    by the rule of a new session in process (`start_session`: one opening transcript, issue #21)."""
-    if checkpoint.messages or not checkpoint.pending_input:
-        return checkpoint
-    start = start_session(checkpoint.session_id, instructions, checkpoint.pending_input, checkpoint.business_state)
-    return checkpoint.model_copy(
-        update={
-            "messages": start.messages,
-            "pending_input": [],
-            "run_start": start.run_start,
-            "run_input_count": start.run_input_count,
-        }
-    )
 
 
 class SessionSteps:
@@ -221,7 +204,7 @@ class SessionSteps:
             elif isinstance(step, RunTools):
                 return await self.dispatch(run, checkpoint, begun.results)
             elif isinstance(step, AwaitApproval):
-                return await self.on_approval(run, checkpoint)
+                return await apply_decided_approval(self, run, checkpoint)
             elif isinstance(step, Finish):
                 self.step_end.complete_turn(None)
                 if not step.already_saved:
@@ -366,7 +349,7 @@ class SessionSteps:
         `may_end`: the save of a turn's last result ends the step (the next model turn follows)."""
         results = self.results(checkpoint) if results is None else results
         if checkpoint.status == "awaiting-approval":
-            checkpoint = await self._fold_approval(run, checkpoint, results)
+            checkpoint = await fold_decided_approval(self, run, checkpoint, results)
             if checkpoint.status == "awaiting-approval":
                 return checkpoint
         for call in checkpoint.pending_tool_calls():
@@ -380,18 +363,6 @@ class SessionSteps:
             run.latest = checkpoint
         return checkpoint
 
-    async def _fold_approval(self, run: Run, checkpoint: Checkpoint, results: dict[str, Any]) -> Checkpoint:
-        snapshot = self.approval(checkpoint)
-        if snapshot is None or snapshot.tool_call.id not in results:
-            return checkpoint
-        resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
-        resumed = await run.save(record_tool_result(resumed, snapshot.tool_call, results[snapshot.tool_call.id]))
-        self.mark_applied(snapshot.id)
-        if snapshot.remaining_tool_calls is None:
-            for call in resumed.pending_tool_calls():  # an old snapshot: the rest does not run (reference)
-                self.commit_result(resumed, call.id, NOT_RUN)
-        return resumed
-
     def approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
         """The approval the checkpoint waits on, as stored now (None when it waits on none): this
         session's part of it, with the decision, when a parent's snapshot nests it (a sub-agent's)."""
@@ -399,33 +370,6 @@ class SessionSteps:
             return None
         snapshot: ApprovalSnapshot | None = self.runtime.store.approvals.load(checkpoint.approval_id)
         return snapshot.for_session(self.session_id) if snapshot is not None else None
-
-    def mark_applied(self, approval_id: str) -> None:
-        """The decision is recorded in the run: mark the stored snapshot (the outermost, for a sub-agent's)."""
-        stored: ApprovalSnapshot | None = self.runtime.store.approvals.load(approval_id)
-        if stored is not None:
-            self.runtime.store.approvals.save(stored.model_copy(update={"applied_at": utc_now()}))
-
-    async def on_approval(self, run: Run, checkpoint: Checkpoint) -> str:
-        """A decided approval: commit a rejection, or send the approved call to run as its own task."""
-        snapshot = self.approval(checkpoint)
-        if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
-            return "awaiting-approval"
-        resumed = await prepare_resume(run, snapshot, checkpoint, self.runtime.store.approvals)  # drift, tools
-        if snapshot.child is not None:
-            # A sub-agent's approval: this session goes back to waiting on its sub-agent call, and the
-            # sub-agent applies the decision to its own call (sub_agents.py, issue #14).
-            return await self.dispatch(run, await run.save(resumed))
-        call = snapshot.tool_call
-        if snapshot.status == "rejected":
-            self.commit_result(
-                checkpoint,
-                call.id,
-                tool_error("rejected", snapshot.note or "A human rejected this call; it was not run."),
-            )
-            return await self.dispatch(run, checkpoint)
-        self.send_tools(checkpoint, [call], redispatch=True)
-        return "approved-call-dispatched"
 
     async def abort(self, run: Run, checkpoint: Checkpoint) -> str:
         """Every unfinished call gets its committed result or 'cancelled'; the run stays 'in-progress'

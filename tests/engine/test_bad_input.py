@@ -24,11 +24,10 @@ from lousho import (
     resume_after_approval,
 )
 from lousho.errors import InvalidInputError
-from lousho.inputs import start_session
+from lousho.inputs import materialize_accepted, start_session
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.memory import MemoryStore
 from lousho.testing.store_contract.samples import sample_snapshot
-from lousho.worker.steps import materialize_accepted
 from tests.engine.helpers import assert_valid_transcript
 from tests.fixtures.core import ToolLog, charge_tool, weather_tool
 
