@@ -323,8 +323,8 @@ class SessionSteps:
                     break
                 if sub_agent_of(run, call) is not None:  # a session of its own (sub_agents.py)
                     progress = await sub_agent_call(self, run, checkpoint, call, plan.args, call.id == pending[0].id)
-                    if progress is ChildProgress.PAUSED:
-                        return "awaiting-approval"
+                    if progress in (ChildProgress.PAUSED, ChildProgress.PARKED):
+                        return "awaiting-approval" if progress is ChildProgress.PAUSED else "parked"
                     if progress is ChildProgress.BLOCKED:
                         break
                     settled = settled or progress is ChildProgress.SETTLED

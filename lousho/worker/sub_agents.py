@@ -11,6 +11,8 @@ model turn), and from then on reads the child's checkpoint to know where the cal
   same approval id (`pausing.py` nests the child's snapshot in the parent's, as in process). A
   decided approval is the child's to apply: the parent tells it to go on.
 - aborted (its abort flag is set): the call gets the cancelled result.
+- parked (its model turn killed its worker `max_attempts` times): the parent parks too, saying so;
+  `Client.resume` the sub-agent's session, then the parent's.
 
 The child's side: a step of a sub-agent's session that ends with it finished, paused or aborted
 sends its parent an `advance` (`tell_parent`). Aborting the parent aborts its unfinished children.
@@ -20,17 +22,17 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from lousho.checkpoint import Checkpoint
+from lousho.checkpoint import Checkpoint, validate_session_id
 from lousho.definition import Agent
 from lousho.engine import CANCELLED_RESULT
-from lousho.errors import CheckpointConflictError, InvalidInputError
+from lousho.errors import CheckpointConflictError, InvalidInputError, InvalidSessionIdError
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
 from lousho.inputs import validate_input
 from lousho.messages import ToolCall
 from lousho.run import Run
-from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_common import redis_errors, text
 from lousho.subagents import SubAgentInput, child_session_id
 from lousho.tools import tool_error
 
@@ -41,7 +43,7 @@ __all__ = ["ChildProgress", "abort_children", "sub_agent_call", "tell_parent"]
 
 log = logging.getLogger("lousho.worker")
 
-TELLS_PARENT = frozenset({"finished", "awaiting-approval", "aborted"})
+TELLS_PARENT = frozenset({"finished", "awaiting-approval", "aborted", "parked"})
 """Outcomes of a sub-agent's step that its parent acts on."""
 
 
@@ -56,6 +58,8 @@ class ChildProgress(enum.Enum):
     """The parent paused on the child's approval."""
     BLOCKED = "blocked"
     """The child waits on an approval, but a call before this one has no result yet."""
+    PARKED = "parked"
+    """The child is parked: so is the parent now."""
 
 
 def sub_agent_of(run: Run, call: ToolCall) -> Agent | None:
@@ -81,6 +85,10 @@ async def sub_agent_call(
     if _abort_flag(steps, child_id):
         steps.commit_result(checkpoint, call.id, CANCELLED_RESULT)
         return ChildProgress.SETTLED
+    parked = _parked_reason(steps, child_id)
+    if parked is not None:
+        steps.park(f"its sub-agent session {child_id!r} is parked ({parked}); resume that session, then this one")
+        return ChildProgress.PARKED
     if child.status != "awaiting-approval" or child.approval_id is None:
         return ChildProgress.RUNNING
     snapshot = steps.runtime.store.approvals.load(child.approval_id)
@@ -97,11 +105,12 @@ def start_child(
     steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall, args: SubAgentInput, agent: Agent
 ) -> ChildProgress:
     """Create the child's session (a new incarnation) and send its first model turn. Input the
-    child's model could not take is the call's result, as a tool error the parent's model reads."""
-    child_id = child_session_id(steps.session_id, call)
+    child's model could not take (or a session id too long to derive from the parent's) is the call's
+    result, as a tool error the parent's model reads."""
     try:
+        child_id = validate_session_id(child_session_id(steps.session_id, call))
         messages = validate_input(args.input, None)
-    except InvalidInputError as exc:
+    except (InvalidInputError, InvalidSessionIdError) as exc:
         steps.commit_result(checkpoint, call.id, tool_error("invalid-input", str(exc)))
         return ChildProgress.SETTLED
     record = Checkpoint(
@@ -141,3 +150,9 @@ def tell_parent(steps: SessionSteps, outcome: str) -> None:
 def _abort_flag(steps: SessionSteps, session_id: str) -> bool:
     with redis_errors(steps.client, f"read the abort flag of {session_id!r}"):
         return bool(steps.client.exists(steps.keys.abort(session_id)))
+
+
+def _parked_reason(steps: SessionSteps, session_id: str) -> str | None:
+    with redis_errors(steps.client, f"read the parked mark of {session_id!r}"):
+        reason = cast(bytes | None, steps.client.hget(steps.keys.parked, session_id))
+    return text(reason) if reason is not None else None

@@ -36,6 +36,8 @@ class Travel:
         self.scripts: dict[str, list[Message]] = {}
         self.asked: Counter[str] = Counter()
         self.runs: Counter[str] = Counter()
+        self.broken: set[str] = set()
+        """Sessions whose model fails (as a worker that dies mid-turn would leave the turn)."""
         charge = define_tool(name="charge_card", description="Charge the card", input=Charge,
                              execute=self.charge, needs_approval=True)  # fmt: skip
         lookup = define_tool(name="lookup", description="Look up a price", input=Charge, execute=self.charge)
@@ -47,6 +49,8 @@ class Travel:
     async def generate(self, request: ModelRequest) -> ModelResponse:
         session = request.session_id or ""
         self.asked[session] += 1
+        if session in self.broken:
+            raise RuntimeError(f"the model of {session} is broken")
         turn = sum(m.role == "assistant" for m in request.messages)
         return ModelResponse(message=self.scripts[session][turn])
 
@@ -203,3 +207,29 @@ async def test_the_web_apps_approvals_show_the_inner_call_and_name_the_parent(
 
     assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
     assert travel.runs == {"c1": 1}
+
+
+def test_a_parked_sub_agent_parks_its_parent_saying_why(travel: Travel, redis_url: str, redis_store: RedisStore) -> None:
+    travel.scripts["trip"] = [tool_turn(("pay", "pay", {"input": "price?"})), Message.assistant("12.")]
+    travel.scripts[CHILD] = [Message.assistant("it is 12")]
+    travel.broken.add(CHILD)
+    settings = FleetSettings(lease_ttl_s=60.0, max_attempts=1)
+    with FleetDriver(agents=[travel.planner], redis_url=redis_url, store=redis_store, provider=travel,
+                     settings=settings) as driver:  # fmt: skip
+        driver.client.enqueue("planner", "plan", session_id="trip")
+        driver.deliver(driver.pending()[0])  # the parent's turn: starts the child
+        child_turn = driver.pending()[0]
+        with pytest.raises(RuntimeError):
+            driver.deliver(child_turn)
+        assert driver.deliver(child_turn) == "parked"  # its second start: poison
+        driver.run_until_idle()
+
+        parent = driver.client.status("trip")
+        assert driver.client.status(CHILD).status == parent.status == "parked"
+        assert parent.parked_reason is not None and CHILD in parent.parked_reason
+
+        travel.broken.clear()
+        driver.client.resume(CHILD)
+        driver.client.resume("trip")
+        driver.run_until_idle()
+        assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
