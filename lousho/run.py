@@ -243,11 +243,9 @@ class Run(RunContext):
 
     async def _resume_sub_agent(self, call: ToolCall, agent: Agent, snapshot: ApprovalSnapshot) -> RunResult:
         """Apply this run's decision to the nested sub-agent snapshot, then let the sub-agent go on."""
-        assert snapshot.child is not None
         session_id = child_session_id(self.session_id or "run", call)
-        decided = snapshot.child.model_copy(
-            update={"status": snapshot.status, "note": snapshot.note, "decided_at": snapshot.decided_at}
-        )
+        decided = snapshot.for_session(session_id)  # the sub-agent's part, with the decision
+        assert decided is not None and decided is not snapshot
         stored = await load_stored(self.checkpoint_store, session_id)
         checkpoint = stored if stored is not None else decided.checkpoint
         if checkpoint.status != "awaiting-approval" or checkpoint.approval_id != decided.id:
