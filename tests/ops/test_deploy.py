@@ -61,12 +61,15 @@ def test_the_dockerfile_copies_what_exists_and_installs_extras_that_exist() -> N
         line.split() for line in (DEPLOY / "Dockerfile").read_text().splitlines() if line and not line.startswith("#")
     ]
     for words in lines:
-        if words[0] == "COPY":
+        if words[0] == "COPY" and not words[1].startswith("--from="):
             assert all((ROOT / source).exists() for source in words[1:-1]), words
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-    install = next(words for words in lines if words[:3] == ["RUN", "pip", "install"])
+    install = next(words for words in lines if words[:3] == ["RUN", "pip", "install"] and "/dist/" in words[3])
+    assert install[3].startswith('"$(ls /dist/lousho-*.whl)[')  # the wheel the first stage built (issue #15)
     wanted = install[3].strip('"').split("[")[1].rstrip("]").split(",")
     assert set(wanted) <= extras, wanted
+    assert ["COPY", "--from=wheel", "/dist", "/dist"] in lines
+    assert any(w[:2] == ["RUN", "pip"] and "build" in w and "--wheel" in w for w in lines)
 
 
 def test_the_kubernetes_manifests_have_the_expected_kinds_and_settings() -> None:
