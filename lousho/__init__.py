@@ -33,6 +33,8 @@ from lousho.errors import (
     SDKError,
     SessionAwaitingApprovalError,
     SessionExistsError,
+    SessionNotFoundError,
+    StoreAuthenticationError,
     StoreUnavailableError,
 )
 from lousho.events import Event
@@ -124,6 +126,8 @@ __all__ = [
     "RunResult",
     "SDKError",
     "SessionAwaitingApprovalError",
+    "SessionNotFoundError",
+    "StoreAuthenticationError",
     "StoreUnavailableError",
     "Tool",
     "ToolCall",

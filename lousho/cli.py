@@ -26,30 +26,78 @@ import typer
 from pydantic import ValidationError
 from typer.core import TyperGroup
 
-from lousho.errors import SDKError
+from lousho.cli_conventions import (
+    GLOBAL_PANEL,
+    USAGE_ERROR,
+    apply_conventions,
+    fail_usage,
+    given_after_the_command,
+    show_version,
+)
+from lousho.errors import SDKError, StoreAuthenticationError, StoreUnavailableError
 from lousho.fleet.settings import FleetSettings
-from lousho.redaction import redact_secrets, url_secrets
+from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.settings import LoushoSettings, fleet_env_var
 
 __all__ = ["app", "main", "settings_of"]
 
 
+GLOBAL_OPTIONS = frozenset({"redis_url", "store_url", "prefix", *(f.name for f in dataclasses.fields(FleetSettings))})
+"""The root's options that every command accepts after its name too (issue #15)."""
+
+
 class _Group(TyperGroup):
-    """Every command's errors become one line on stderr and exit status 1."""
+    """Every command's errors become one line on stderr and exit status 1 (a usage error: 2), and every command
+    follows the CLI conventions of `lousho.cli_conventions` (issue #15)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        apply_conventions(self, GLOBAL_OPTIONS)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not args and self.no_args_is_help:
+            return super().parse_args(ctx, args)  # `lousho` alone: the help, as typer shows it
+        try:
+            return super().parse_args(ctx, args)
+        except USAGE_ERROR as exc:
+            fail_usage(exc)
 
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
+        except USAGE_ERROR as exc:
+            fail_usage(exc)
         except SDKError as exc:
-            _fail(_without_secrets(str(exc), ctx))
+            _fail(_without_secrets(str(_refused_password(exc, ctx) or exc), ctx))
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
             _fail(f"[LOUSHO_CONFIGURATION] bad settings: {problems}")
         except Exception as exc:
+            refused = _refused_password(exc, ctx)
+            if refused is not None:
+                _fail(_without_secrets(str(refused), ctx))
             if _is_connection_error(exc):
                 detail = _without_secrets(str(exc), ctx)
                 _fail(f"[LOUSHO_STORE_UNAVAILABLE] cannot reach the broker or store: {detail}")
             raise
+
+
+def _refused_password(exc: Exception, ctx: Any) -> StoreAuthenticationError | None:
+    """A Redis that answered and refused the password, as the authentication failure it is, not as "unreachable"
+    (issue #15). The stores report it as `StoreUnavailableError` from redis' `AuthenticationError`; this reads
+    the cause, so the CLI says what to fix."""
+    import redis
+
+    cause = exc.__cause__ if isinstance(exc, StoreUnavailableError) else exc
+    if not isinstance(cause, redis.AuthenticationError) and "NOAUTH" not in str(cause):
+        return None
+    settings = ctx.obj.with_overrides(**given_after_the_command(ctx)) if isinstance(ctx.obj, LoushoSettings) else None
+    url = settings and (settings.redis_url or settings.store_url)
+    where = f" at {redact_url(url)}" if url else ""
+    return StoreAuthenticationError(
+        f"Redis{where} refused this client's password ({type(cause).__name__}: {cause}): check the password in "
+        "--redis-url / LOUSHO_REDIS_URL / REDIS_URL (or --store-url / LOUSHO_STORE_URL); waiting will not help"
+    )
 
 
 def _without_secrets(message: str, ctx: Any) -> str:
@@ -59,6 +107,7 @@ def _without_secrets(message: str, ctx: Any) -> str:
     urls = [
         *(os.environ.get(name) for name in ("LOUSHO_REDIS_URL", "REDIS_URL", "LOUSHO_STORE_URL")),
         *(ctx.params.get(name) for name in ("redis_url", "store_url")),
+        *(given_after_the_command(ctx).get(name) for name in ("redis_url", "store_url")),
         *((settings.redis_url, settings.store_url) if settings else ()),
     ]
     return redact_secrets(message, *(secret for url in urls if url for secret in url_secrets(url)))
@@ -85,6 +134,7 @@ app = typer.Typer(
     cls=_Group,
     help="lousho: durable LLM agent runs, in process or on a Celery + Redis fleet.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h on every command (issue #15)
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -99,7 +149,7 @@ def _with_fleet_options(callback: Callable[..., None]) -> Callable[..., None]:
         flag = f"--{name.replace('_', '-')}"
         flags = f"{flag}/--no-{flag[2:]}" if types[name] is bool else flag
         help = f"FleetSettings.{name} (env: {fleet_env_var(name)})."
-        default = typer.Option(None, flags, help=help)
+        default = typer.Option(None, flags, help=help, rich_help_panel=GLOBAL_PANEL)
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=types[name] | None)
 
     own = [p for p in inspect.signature(callback).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
@@ -113,15 +163,28 @@ def _with_fleet_options(callback: Callable[..., None]) -> Callable[..., None]:
 def main_callback(
     ctx: typer.Context,
     redis_url: str | None = typer.Option(
-        None, "--redis-url", help="The fleet's Redis (broker and store) (env: LOUSHO_REDIS_URL, REDIS_URL)."
+        None,
+        "--redis-url",
+        metavar="URL",
+        rich_help_panel=GLOBAL_PANEL,
+        help="The fleet's Redis (broker and store) (env: LOUSHO_REDIS_URL, REDIS_URL).",
     ),
     store_url: str | None = typer.Option(
         None,
         "--store-url",
+        metavar="URL",
+        rich_help_panel=GLOBAL_PANEL,
         help="redis://..., sqlite:///path.db, postgresql://..., file:///dir (env: LOUSHO_STORE_URL).",
     ),
     prefix: str | None = typer.Option(
-        None, "--prefix", help="RedisStore key prefix (env: LOUSHO_PREFIX; default lousho:)."
+        None,
+        "--prefix",
+        metavar="PREFIX",
+        rich_help_panel=GLOBAL_PANEL,
+        help="RedisStore key prefix (env: LOUSHO_PREFIX; default lousho:).",
+    ),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=show_version, help="Print lousho's version and exit."
     ),
     **fleet: Any,
 ) -> None:
@@ -130,9 +193,10 @@ def main_callback(
 
 
 def settings_of(ctx: typer.Context) -> LoushoSettings:
+    """The command's settings: the environment, then the global options before the command, then those after it."""
     settings = ctx.find_root().obj
     assert isinstance(settings, LoushoSettings)
-    return settings
+    return settings.with_overrides(**given_after_the_command(ctx))
 
 
 @app.command()

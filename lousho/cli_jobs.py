@@ -6,8 +6,8 @@ import time
 
 import typer
 
-from lousho.cli_render import approvals_table, console, report_skipped, short, sync
-from lousho.errors import ConfigurationError
+from lousho.cli_render import approvals_table, print_json, print_table, report_skipped, short, sync
+from lousho.errors import SessionNotFoundError
 from lousho.stores.listing import Listing
 
 __all__ = ["register"]
@@ -25,12 +25,16 @@ def register(app: typer.Typer) -> None:
         input: str = typer.Argument(..., help="The user's message."),
         session: str | None = typer.Option(None, "--session", "-s", help="Session id (default: a new job-... id)."),
         wait: bool = typer.Option(False, "--wait", help="Wait until the run finishes, pauses for approval, or parks."),
-        timeout: float = typer.Option(60.0, "--timeout", help="Seconds --wait waits."),
+        timeout: float = typer.Option(60.0, "--timeout", metavar="SECONDS", help="Seconds --wait waits."),
+        as_json: bool = typer.Option(False, "--json", help="Print the session id (with --wait, its status) as JSON."),
     ) -> None:
         """Enqueue a job: prints its session id (with --wait, then its status when it settles)."""
         client = settings_of(ctx).client()
         session_id = client.enqueue(agent, input, session_id=session)
-        typer.echo(session_id)
+        if as_json and not wait:
+            print_json({"session_id": session_id})
+        if not as_json:
+            typer.echo(session_id)
         if not wait:
             return
         deadline = time.monotonic() + timeout
@@ -42,6 +46,9 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"error: [LOUSHO_TIMEOUT] {session_id} is still {status.status} after {timeout}s", err=True)
                 raise typer.Exit(2)
             time.sleep(0.1)
+        if as_json:
+            print_json(status.model_dump(mode="json"))
+            return
         detail = f" approval={status.approval_id}" if status.approval_id else ""
         typer.echo(f"{status.status}{detail} {short(status.text or '', 200)}".rstrip())
 
@@ -50,20 +57,24 @@ def register(app: typer.Typer) -> None:
         """Wake the fleet on a parked, aborted or forked session (poison counters start over)."""
         client = settings_of(ctx).client()
         if client.checkpoint(session) is None:
-            raise ConfigurationError(f"no session {session!r} in {client.store!r}")
+            raise SessionNotFoundError(session, repr(client.store))
         client.resume(session)
         typer.echo(f"resumed {session}")
 
     @app.command()
     def approvals(
         ctx: typer.Context,
-        session: str | None = typer.Option(None, "--session", "-s", help="Only this session's."),
+        session: str | None = typer.Option(None, "--session", "-s", metavar="SESSION", help="Only this session's."),
+        as_json: bool = typer.Option(False, "--json", help="Print the approval snapshots as JSON."),
     ) -> None:
         """Pending approvals: runs paused on a tool call that needs a human's decision (on stderr: those
         that cannot be read)."""
         store = settings_of(ctx).store()
         pending = Listing.of(sync(store.approvals.pending(session)))
-        console().print(approvals_table(pending))
+        if as_json:
+            print_json([snapshot.model_dump(mode="json") for snapshot in pending])
+        else:
+            print_table(approvals_table(pending))
         report_skipped(pending.skipped, "approval")
 
     @app.command()
@@ -90,8 +101,16 @@ def register(app: typer.Typer) -> None:
     def abort(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
         """Abort a run on the fleet: the running tool sees its signal, unfinished calls get 'cancelled'."""
         client = settings_of(ctx).client()
-        if client.checkpoint(session) is None:
-            raise ConfigurationError(f"no session {session!r} in {client.store!r}")
+        checkpoint = client.checkpoint(session)
+        if checkpoint is None:
+            raise SessionNotFoundError(session, repr(client.store))
+        if checkpoint.status == "awaiting-approval":  # no run to stop: it waits on a human, and goes on waiting
+            approval = checkpoint.approval_id
+            typer.echo(
+                f"{session} is awaiting approval {approval}: no run to abort, nothing changed; it stays awaiting "
+                f"approval until `lousho approve {approval}` (or `lousho approve {approval} --reject`)"
+            )
+            return
         if not client.abort(session):
             typer.echo(f"{session} has no run to abort (it is finished, or unknown): nothing changed")
             return

@@ -24,11 +24,14 @@ __all__ = [
     "console",
     "history_table",
     "message_text",
+    "print_json",
+    "print_table",
     "report_skipped",
     "sessions_table",
     "short",
     "sync",
     "transcript_table",
+    "transcript_text",
 ]
 
 
@@ -37,6 +40,11 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     width = None if stream.isatty() or "COLUMNS" in os.environ else max(140, shutil.get_terminal_size().columns)
     return Console(file=stream, width=width, highlight=False)
+
+
+def print_json(value: Any) -> None:
+    """`--json`: the value on stdout as JSON, whole (issue #15)."""
+    print(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
 def short(value: Any, limit: int = 100) -> str:
@@ -66,9 +74,39 @@ def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
     return table
 
 
-def sessions_table(rows: Iterable[Sequence[str]]) -> Table:
+def transcript_text(checkpoint: Checkpoint) -> str:
+    """`show --full`: every message whole, as plain lines that no table wraps (issue #15)."""
+    lines = [f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})"]
+    queued = [(f"- {m.role} (queued)", m) for m in checkpoint.pending_input]
+    for label, message in [*((f"#{i} {m.role}", m) for i, m in enumerate(checkpoint.messages)), *queued]:
+        head = f"#{message.tool_call_id}" if message.role == "tool" else ""
+        calls = ", ".join(
+            f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)}) #{c.id}" for c in message.tool_calls
+        )
+        lines.append(" ".join(part for part in (label, head, f"-> {calls}" if calls else "") if part))
+        lines.extend(f"    {line}" for line in (message.content or "").splitlines())
+    return "\n".join(lines)
+
+
+def print_table(table: Table) -> None:
+    """Print `table` on stdout at the terminal's width, or wider when the terminal is too narrow for its id
+    columns: the other columns fold, an id is never wrapped nor cut, so a copied id is whole (issue #15)."""
+    out = console()
+    needed = sum(c.min_width if c.no_wrap and c.min_width else 8 for c in table.columns) + 3 * len(table.columns) + 1
+    out.width = max(out.width, needed)
+    out.print(table)
+
+
+def _id_column(table: Table, header: str, ids: Iterable[str]) -> None:
+    """A column of ids: never wrapped nor cut, however narrow the terminal, so a copied id is whole (issue #15)."""
+    width = max([len(header), *(len(i) for i in ids)])
+    table.add_column(header, no_wrap=True, overflow="ignore", min_width=width)
+
+
+def sessions_table(rows: Sequence[Sequence[str]]) -> Table:
     table = Table(title="sessions")
-    for column in ("session", "status", "agent", "steps", "messages", "last answer"):
+    _id_column(table, "session", (row[0] for row in rows))
+    for column in ("status", "agent", "steps", "messages", "last answer"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(escape(cell) for cell in row))
@@ -76,21 +114,26 @@ def sessions_table(rows: Iterable[Sequence[str]]) -> Table:
 
 
 def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
-    table = Table(title=f"history of {session_id} (newest first; fork with --from-step STEP)")
+    """One row per save, newest first; a step may have several saves (the model's turn, then each tool result),
+    so each save is addressed by its number (the checkpoint's version), which `fork --from-save` takes (issue #15)."""
+    table = Table(title=f"history of {session_id} (newest first; fork with --from-save SAVE)")
+    _id_column(table, "save", (str(entry.checkpoint.version) for entry in entries))
     for column in ("step", "saved at", "status", "messages", "last message"):
         table.add_column(column, overflow="fold")
     for entry in entries:
         messages = entry.checkpoint.messages
         last = message_text(messages[-1], 90) if messages else "(accepted, not started)"
-        table.add_row(
-            str(entry.step), entry.saved_at[:19].replace("T", " "), entry.status, str(len(messages)), escape(last)
-        )
+        saved_at = entry.saved_at[:19].replace("T", " ")
+        count = str(len(messages))
+        table.add_row(str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, count, escape(last))
     return table
 
 
 def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
     table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
-    for column in ("approval", "session", "tool", "arguments", "created"):
+    _id_column(table, "approval", (snapshot.id for snapshot in snapshots))
+    _id_column(table, "session", (snapshot.session_id or "-" for snapshot in snapshots))
+    for column in ("tool", "arguments", "created"):
         table.add_column(column, overflow="fold")
     for snapshot in snapshots:
         call = snapshot.tool_call

@@ -27,7 +27,9 @@ __all__ = [
     "SDKError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
+    "SessionNotFoundError",
     "SessionSupersededError",
+    "StoreAuthenticationError",
     "StoreUnavailableError",
 ]
 
@@ -83,6 +85,17 @@ class SessionExistsError(ConfigurationError):
     """A new session id (a fork's `new_session_id`) that already has a checkpoint: never overwritten."""
 
     code = "LOUSHO_SESSION_EXISTS"
+
+
+class SessionNotFoundError(SDKError, LookupError):
+    """A session id that the store holds no checkpoint for. Not a `ConfigurationError`: the wiring is
+    fine, the id is not there (issue #15)."""
+
+    code = "LOUSHO_SESSION_NOT_FOUND"
+
+    def __init__(self, session_id: str, where: str, hint: str = "list them with `lousho sessions`") -> None:
+        super().__init__(f"no session {session_id!r} in {where}; {hint}")
+        self.session_id = session_id
 
 
 class CheckpointNotFoundError(SDKError):
@@ -166,6 +179,13 @@ class StoreUnavailableError(SDKError):
     """The store's backend (Redis, a database, a folder) could not be reached or written."""
 
     code = "LOUSHO_STORE_UNAVAILABLE"
+
+
+class StoreAuthenticationError(SDKError):
+    """The store's backend answered but refused the credentials (a wrong or missing Redis password).
+    Not a `StoreUnavailableError`: waiting and retrying will not help, a new password will (issue #15)."""
+
+    code = "LOUSHO_STORE_AUTHENTICATION"
 
 
 class AgentDriftError(SDKError):

@@ -65,17 +65,26 @@ class ForkResult(BaseModel):
     session_id: str
     step: int
     checkpoint: Checkpoint
+    save: int | None = None
+    """The source's save it was forked from: its checkpoint version, the address `lousho history` shows."""
 
 
 async def fork(
     *,
     session_id: str,
-    from_step: int,
+    from_step: int | None = None,
     checkpoint_store: CheckpointStore,
     patch: ForkPatch | dict[str, Any] | None = None,
     new_session_id: str | None = None,
+    from_save: int | None = None,
 ) -> ForkResult:
-    """Start a new session from the newest history entry of `session_id`'s step `from_step`.
+    """Start a new session from the newest history entry of `session_id`'s step `from_step`, or from
+    the save `from_save` (exactly one of the two).
+
+    A step can have several saves (the model's turn, then each tool result of that turn); a save is
+    one of them: its number is the checkpoint's version at that save, which `lousho history` shows
+    (issue #15). A session deleted with `keep_history=True` and run again numbers its saves from 1
+    again: `from_save` then takes the newest save of that number.
 
     The patch is applied (`messages`, `business_state`, `tool_result`, `append_input`, in
     that order) and the result is saved as the new session's 'in-progress' checkpoint
@@ -90,8 +99,11 @@ async def fork(
     if new_session_id is not None:
         validate_session_id(new_session_id)
     patch = _checked_patch(patch)
-    entry = await _history_entry(checkpoint_store, session_id, from_step)
+    if (from_step is None) == (from_save is None):
+        raise ConfigurationError("fork takes either from_step or from_save (a save number from the history)")
+    entry = await _history_entry(checkpoint_store, session_id, from_step, from_save)
     checkpoint = apply_patch(entry.checkpoint, patch)
+    found = {"step": entry.step, "save": entry.checkpoint.version}
     if new_session_id is not None:
         saved = await _save_new(checkpoint_store, new_session_id, checkpoint)
         if saved is None:
@@ -99,12 +111,12 @@ async def fork(
                 f"session {new_session_id!r} already has a checkpoint; a fork never overwrites a session: "
                 "pick another new_session_id (or leave it out for <session>.fork-<n>)"
             )
-        return ForkResult(session_id=new_session_id, step=from_step, checkpoint=saved)
+        return ForkResult(session_id=new_session_id, checkpoint=saved, **found)
     for n in range(1, _MAX_DEFAULT_FORKS + 1):
         candidate = validate_session_id(f"{session_id}{_FORK_SUFFIX}{n}")
         saved = await _save_new(checkpoint_store, candidate, checkpoint)
         if saved is not None:
-            return ForkResult(session_id=candidate, step=from_step, checkpoint=saved)
+            return ForkResult(session_id=candidate, checkpoint=saved, **found)
     raise ConfigurationError(f"session {session_id!r} has {_MAX_DEFAULT_FORKS} forks already; pass new_session_id=")
 
 
@@ -119,14 +131,23 @@ def _checked_patch(patch: ForkPatch | dict[str, Any] | None) -> dict[str, Any]:
     return checked
 
 
-async def _history_entry(store: CheckpointStore, session_id: str, step: int) -> HistoryEntry:
-    """The newest history entry of that step (history is newest first)."""
+async def _history_entry(store: CheckpointStore, session_id: str, step: int | None, save: int | None) -> HistoryEntry:
+    """The newest history entry of that step, or of that save number (history is newest first)."""
     history = await get_checkpoint_history(store, session_id)
     if history is None:
         raise ConfigurationError(
             f"{type(store).__name__} keeps no checkpoint history, so it cannot fork; use a store "
             "with history() (memory_store(), SqliteStore, RedisStore, FileStore)"
         )
+    if save is not None:
+        entry = next((e for e in history if e.checkpoint.version == save), None)
+        if entry is None:
+            saves = ", ".join(str(e.checkpoint.version) for e in reversed(history)) or "none"
+            raise CheckpointNotFoundError(
+                f"session {session_id!r} has no save {save} in its history; the saves kept are {saves} "
+                "(the session may be unknown, or the save was dropped past history_limit)"
+            )
+        return entry
     entry = next((e for e in history if e.step == step), None)
     if entry is None:
         kept = sorted({e.step for e in history})
