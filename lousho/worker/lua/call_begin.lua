@@ -18,36 +18,38 @@
 -- Reply: {state, aborted 0/1, {read_checkpoint reply}, epoch, shared}; state: -1 committed already
 --        | 0 someone else holds the call's lease | n: this is the call's n-th start counted against
 --        it (the lease is ours, its token `token@epoch`); shared: its starts that died with others
-local aborted = redis.call('EXISTS', KEYS[4])
-local checkpoint = read_checkpoint(KEYS[5], KEYS[6], ARGV[4])
-local epoch = session_epoch(KEYS[7])
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return {-1, aborted, checkpoint, epoch, 0} end
-if stale_lease(KEYS[2], epoch) then redis.call('DEL', KEYS[2]) end
-if not redis.call('SET', KEYS[2], ARGV[2] .. '@' .. epoch, 'NX', 'PX', ARGV[3]) then
+local results, call_lease, attempts, abort, head, msgs, epoch_key, running =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local field, token, ttl_ms, writer, entry = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local aborted = redis.call('EXISTS', abort)
+local checkpoint = read_checkpoint(head, msgs, writer)
+local epoch = session_epoch(epoch_key)
+if redis.call('HEXISTS', results, field) == 1 then return {-1, aborted, checkpoint, epoch, 0} end
+if stale_lease(call_lease, epoch) then redis.call('DEL', call_lease) end
+if not redis.call('SET', call_lease, token .. '@' .. epoch, 'NX', 'PX', ttl_ms) then
   return {0, aborted, checkpoint, epoch, 0}
 end
 
-local ttl_ms = tonumber(ARGV[3])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - 900000) -- runs quiet for 15 min are long gone
-local field, counted = ARGV[1], 'call:' .. ARGV[1]
-local started = redis.call('HINCRBY', KEYS[3], counted, 1)
-local previous = redis.call('HGET', KEYS[3], 'by:' .. field)
-local last = previous and redis.call('ZSCORE', KEYS[8], previous)
+redis.call('ZREMRANGEBYSCORE', running, '-inf', now - 900000) -- runs quiet for 15 min are long gone
+local counted = 'call:' .. field
+local started = redis.call('HINCRBY', attempts, counted, 1)
+local previous = redis.call('HGET', attempts, 'by:' .. field)
+local last = previous and redis.call('ZSCORE', running, previous)
 if started > 1 and last then
   local host, session = string.match(previous, '^([^|]*)|[^|]*|([^|]*)|')
   last = tonumber(last)
-  local near = redis.call('ZRANGEBYSCORE', KEYS[8], last - ttl_ms / 2, last + ttl_ms / 2, 'WITHSCORES')
+  local near = redis.call('ZRANGEBYSCORE', running, last - ttl_ms / 2, last + ttl_ms / 2, 'WITHSCORES')
   for i = 1, #near, 2 do
     local other_host, other_session = string.match(near[i], '^([^|]*)|[^|]*|([^|]*)|')
     if other_host == host and other_session ~= session and tonumber(near[i + 1]) < now - ttl_ms then
-      started = redis.call('HINCRBY', KEYS[3], counted, -1)
-      redis.call('HINCRBY', KEYS[3], 'shared:' .. field, 1)
+      started = redis.call('HINCRBY', attempts, counted, -1)
+      redis.call('HINCRBY', attempts, 'shared:' .. field, 1)
       break
     end
   end
 end
-redis.call('HSET', KEYS[3], 'by:' .. field, ARGV[5])
-redis.call('ZADD', KEYS[8], now, ARGV[5])
-return {started, aborted, checkpoint, epoch, tonumber(redis.call('HGET', KEYS[3], 'shared:' .. field) or '0')}
+redis.call('HSET', attempts, 'by:' .. field, entry)
+redis.call('ZADD', running, now, entry)
+return {started, aborted, checkpoint, epoch, tonumber(redis.call('HGET', attempts, 'shared:' .. field) or '0')}

@@ -11,10 +11,13 @@
 --       open_step.lua: 5 token, 6 ttl ms, 7 session id, 8 attempts field, 9 known writer id; then
 --       10 the run's entry in the running index
 -- Reply: {-1} when the session is another incarnation now | begin_step's
-if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
-redis.call('ZREM', KEYS[10], ARGV[10])
-if not same_epoch(KEYS[9], ARGV[4]) then return {-1} end
-redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 local k = {results = KEYS[1], lease = KEYS[3], parked = KEYS[4], abort = KEYS[5], attempts = KEYS[6],
   head = KEYS[7], msgs = KEYS[8], epoch = KEYS[9]}
-return begin_step(k, ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
+local call_lease, running = KEYS[2], KEYS[10]
+local field, result, call_token, call_epoch = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local token, ttl_ms, session, attempts_field, writer, entry = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
+if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
+redis.call('ZREM', running, entry)
+if not same_epoch(k.epoch, call_epoch) then return {-1} end
+redis.call('HSETNX', k.results, field, result)
+return begin_step(k, token, ttl_ms, session, attempts_field, writer)

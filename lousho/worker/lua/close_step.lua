@@ -7,10 +7,11 @@
 --       model turn's message ('' = none), then per call: its field ('<turn>:<call id>') and its
 --       message ('' = none)
 -- Reply: end_step's
+local k = {lease = KEYS[1], dispatched = KEYS[2], results = KEYS[3], attempts = KEYS[4], queue = KEYS[5],
+  epoch = KEYS[6]}
+local token, epoch, clear, redispatch, next_message = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local calls = {}
 for i = 6, #ARGV, 2 do
   calls[#calls + 1] = {ARGV[i], KEYS[6 + #calls + 1], ARGV[i + 1]}
 end
-local k = {lease = KEYS[1], dispatched = KEYS[2], results = KEYS[3], attempts = KEYS[4], queue = KEYS[5],
-  epoch = KEYS[6]}
-return end_step(k, ARGV[1], ARGV[2], ARGV[3], calls, ARGV[4], ARGV[5])
+return end_step(k, token, epoch, clear, calls, redispatch, next_message)

@@ -14,27 +14,29 @@
 --       in the running index (call_begin.lua: the run leaves it in any case)
 -- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
 --        {save reply, end_step's reply}
-local own = 12 + tonumber(ARGV[11])
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
+  epoch = KEYS[13]}
+local call_lease, parked, abort, running = KEYS[10], KEYS[11], KEYS[12], KEYS[14]
+local session, token = ARGV[9], ARGV[10]
+local own = 12 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
-local next_message, epoch = ARGV[own + 4], ARGV[own + 5]
-redis.call('ZREM', KEYS[14], ARGV[own + 6])
-if not same_epoch(KEYS[13], epoch) then
-  if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
+local next_message, epoch, entry = ARGV[own + 4], ARGV[own + 5], ARGV[own + 6]
+redis.call('ZREM', running, entry)
+if not same_epoch(k.epoch, epoch) then
+  if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
   return {{'skipped', 'the session is another incarnation now'}}
 end
-redis.call('HSETNX', KEYS[7], field, result)
-if redis.call('GET', KEYS[10]) == call_token then redis.call('DEL', KEYS[10]) end
-if redis.call('HGET', KEYS[7], field) ~= result then return {{'skipped', 'another result was committed first'}} end
-if not redis.call('SET', KEYS[5], ARGV[10], 'NX', 'PX', ttl_ms) then return {{'skipped', 'the lease is busy'}} end
-if redis.call('HEXISTS', KEYS[11], ARGV[9]) == 1 or redis.call('EXISTS', KEYS[12]) == 1 then
-  redis.call('DEL', KEYS[5])
+redis.call('HSETNX', k.results, field, result)
+if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
+if redis.call('HGET', k.results, field) ~= result then return {{'skipped', 'another result was committed first'}} end
+if not redis.call('SET', k.lease, token, 'NX', 'PX', ttl_ms) then return {{'skipped', 'the lease is busy'}} end
+if redis.call('HEXISTS', parked, session) == 1 or redis.call('EXISTS', abort) == 1 then
+  redis.call('DEL', k.lease)
   return {{'skipped', 'the session is parked or aborted'}}
 end
 local saved = save_checkpoint()
 if saved[1] ~= 'ok' and saved[1] ~= 'done' then
-  redis.call('DEL', KEYS[5])
+  redis.call('DEL', k.lease)
   return {saved}
 end
-local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
-  epoch = KEYS[13]}
-return {saved, end_step(k, ARGV[10], epoch, '1', {}, '0', next_message)}
+return {saved, end_step(k, token, epoch, '1', {}, '0', next_message)}

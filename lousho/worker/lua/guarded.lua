@@ -8,13 +8,15 @@
 --       result JSON, the count's increment, the park reason), 5 the session id (for 'park')
 -- Reply: -1 when the session is another incarnation now, else what the write replied (HSETNX's
 --        0/1, HINCRBY's new count, 1 for a park)
-if not same_epoch(KEYS[1], ARGV[1]) then return -1 end
-if ARGV[2] == 'commit' then return redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4]) end
-if ARGV[2] == 'count' then
-  local count = redis.call('HINCRBY', KEYS[2], ARGV[3], tonumber(ARGV[4]))
-  if count <= 0 then redis.call('HDEL', KEYS[2], ARGV[3]) end
+local epoch_key, hash, inflight = KEYS[1], KEYS[2], KEYS[3]
+local epoch, what, field, value, session = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+if not same_epoch(epoch_key, epoch) then return -1 end
+if what == 'commit' then return redis.call('HSETNX', hash, field, value) end
+if what == 'count' then
+  local count = redis.call('HINCRBY', hash, field, tonumber(value))
+  if count <= 0 then redis.call('HDEL', hash, field) end
   return count
 end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-redis.call('ZREM', KEYS[3], ARGV[5])
+redis.call('HSET', hash, field, value)
+redis.call('ZREM', inflight, session)
 return 1

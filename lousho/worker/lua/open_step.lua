@@ -8,4 +8,5 @@
 -- Reply: begin_step's
 local k = {lease = KEYS[1], parked = KEYS[2], abort = KEYS[3], attempts = KEYS[4], results = KEYS[5],
   head = KEYS[6], msgs = KEYS[7], epoch = KEYS[8]}
-return begin_step(k, ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+local token, ttl_ms, session, attempts_field, writer = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+return begin_step(k, token, ttl_ms, session, attempts_field, writer)

@@ -8,13 +8,15 @@
 --       from its 2: the step's epoch, clear, redispatch, the next model turn's message, per call its
 --       field and message
 -- Reply: {save reply} when the save refused, else {save reply, end_step's reply}
-local saved = save_checkpoint()
-if saved[1] ~= 'ok' and saved[1] ~= 'done' then return {saved} end
-local own = 12 + tonumber(ARGV[11])
+local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
+  epoch = KEYS[10]}
+local token = ARGV[10]
+local own = 12 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's
+local epoch, clear, redispatch, next_message = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
 local calls = {}
 for i = own + 4, #ARGV, 2 do
   calls[#calls + 1] = {ARGV[i], KEYS[10 + #calls + 1], ARGV[i + 1]}
 end
-local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
-  epoch = KEYS[10]}
-return {saved, end_step(k, ARGV[10], ARGV[own], ARGV[own + 1], calls, ARGV[own + 2], ARGV[own + 3])}
+local saved = save_checkpoint()
+if saved[1] ~= 'ok' and saved[1] ~= 'done' then return {saved} end
+return {saved, end_step(k, token, epoch, clear, calls, redispatch, next_message)}
