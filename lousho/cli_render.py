@@ -131,17 +131,22 @@ def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
 
 def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
     table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
+    # A sub-agent's approval shows the call that waits (the sub-agent's, in its session) and names the
+    # parent session paused on the same id (issue #14).
+    rows = [(snapshot, snapshot.waiting) for snapshot in snapshots]
+    parents = [snapshot.session_id or "-" if waiting is not snapshot else "-" for snapshot, waiting in rows]
     _id_column(table, "approval", (snapshot.id for snapshot in snapshots))
-    _id_column(table, "session", (snapshot.session_id or "-" for snapshot in snapshots))
+    _id_column(table, "session", (waiting.session_id or "-" for _, waiting in rows))
+    _id_column(table, "parent", parents)
     for column in ("tool", "arguments", "created"):
         table.add_column(column, overflow="fold")
-    for snapshot in snapshots:
-        call = snapshot.tool_call
+    for (snapshot, waiting), parent in zip(rows, parents, strict=True):
         table.add_row(
             escape(snapshot.id),
-            escape(snapshot.session_id or "-"),
-            escape(call.name),
-            escape(short(call.arguments, 80)),
+            escape(waiting.session_id or "-"),
+            escape(parent),
+            escape(waiting.tool_call.name),
+            escape(short(waiting.tool_call.arguments, 80)),
             snapshot.created_at,
         )
     return table

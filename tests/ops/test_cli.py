@@ -245,3 +245,23 @@ def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFle
     assert status.status == "in-progress" and status.aborted
     assert demo_fleet.client.approvals("trip-rome") == []
     assert_one_line_error(lousho("abort", "trip-nope", env=env, ok=False), "no session 'trip-nope'")
+
+
+def test_approvals_show_a_sub_agents_inner_call_and_name_the_parent(tmp_path: Path) -> None:
+    from lousho import agent_tool
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    planner = Agent(name="planner", model="m", tools=[agent_tool(AGENT, name="helper")])
+    provider = ScriptedProvider([
+        tool_calls(("h1", "helper", {"input": "charge 5"})),
+        tool_calls(("c1", "charge", {"amount": 5})),
+    ])  # fmt: skip
+    asyncio.run(AgentExecutor.execute(agent=planner, input="go", provider=provider, session_id="trip",
+                                      checkpoint_store=store.checkpoints, approval_store=store.approvals))  # fmt: skip
+
+    listed = lousho("approvals", env={"LOUSHO_STORE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}).stdout
+
+    [row] = [line for line in listed.splitlines() if "appr_" in line]
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[1:4] == ["trip.sub-h1", "trip", "charge"]
+    assert '"amount": 5' in cells[4] or "'amount': 5" in cells[4]
