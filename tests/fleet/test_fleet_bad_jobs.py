@@ -24,9 +24,13 @@ def test_a_job_for_an_unknown_agent_is_parked_and_the_worker_goes_on(fleet: Flee
     assert status.parked_reason is not None and "no agent named 'no-such-agent'" in status.parked_reason
 
 
-def test_an_agent_with_sub_agents_is_refused_by_the_fleet(fleet: Fleet) -> None:
+def test_a_sub_agent_is_served_with_its_parent_and_a_name_clash_is_refused(fleet: Fleet) -> None:
     helper = Agent(name="helper", model="m")
     boss = Agent(name="boss", model="m", tools=[agent_tool(helper)])
+    app = create_app(agents=[boss, helper], store=fleet.store, broker="memory://", provider=ScriptedProvider())
+    assert set(app.lousho_runtime.agents) == {"boss", "helper"}  # a job of the sub-agent's session finds it
+    app.close()
 
-    with pytest.raises(ConfigurationError, match="sub-agent"):
-        create_app(agents=[boss], store=fleet.store, broker="memory://", provider=ScriptedProvider())
+    other = Agent(name="helper", model="m", instructions="Another helper.")
+    with pytest.raises(ConfigurationError, match="two agents are named 'helper'"):
+        create_app(agents=[boss, other], store=fleet.store, broker="memory://", provider=ScriptedProvider())
