@@ -238,17 +238,28 @@ async def plan_tool_call(
 
 async def run_planned_call(planned: PlannedCall, agent: ResolvedAgent, ctx: ToolContext) -> Any:
     """Run one validated call and return its result. A tool's exception becomes an error result,
-    except `PropagatingToolError`, which rejects the run; a hook's exception rejects it too."""
+    except `PropagatingToolError`, which rejects the run; a hook's exception rejects it too.
+
+    A call whose run is aborted before it starts, or while it runs, gets `CANCELLED_RESULT`
+    whatever the tool then does: raises (a cooperative tool stops so), returns, or raises
+    `PropagatingToolError` (reference: 'An aborted call gets a cancelled result'; issue #16).
+    A call whose tool returned before the signal fired keeps its result: its work is done."""
     if planned.preset:
         return planned.result
+    if ctx.signal.aborted:  # never start a call of a run that was aborted meanwhile
+        return CANCELLED_RESULT
     tool = agent.tools[planned.call.name]
     await call_hook(agent.hook("before_tool"), planned.call, ctx)
     try:
         result = await tool.run(planned.args, ctx)
     except PropagatingToolError:
+        if ctx.signal.aborted:
+            return CANCELLED_RESULT
         raise
     except Exception as exc:  # a tool's failure is the model's to read, not a crash (issue #2)
         result = tool_error(f"{type(exc).__name__}: {exc}", f"The tool {planned.call.name} failed.")
+    if ctx.signal.aborted:  # it noticed the abort (or ran on past it): 'cancelled', not its answer
+        return CANCELLED_RESULT
     if hasattr(result, "model_dump"):
         result = result.model_dump(mode="json")
     replaced = await call_hook(agent.hook("after_tool"), planned.call, result)
