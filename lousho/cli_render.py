@@ -24,6 +24,7 @@ __all__ = [
     "console",
     "history_table",
     "message_text",
+    "message_whole",
     "print_json",
     "print_table",
     "report_skipped",
@@ -77,14 +78,17 @@ def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
 def transcript_text(checkpoint: Checkpoint) -> str:
     """`show --full`: every message whole, as plain lines that no table wraps (issue #15)."""
     lines = [f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})"]
-    queued = [(f"- {m.role} (queued)", m) for m in checkpoint.pending_input]
-    for label, message in [*((f"#{i} {m.role}", m) for i, m in enumerate(checkpoint.messages)), *queued]:
-        head = f"#{message.tool_call_id}" if message.role == "tool" else ""
-        calls = ", ".join(
-            f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)}) #{c.id}" for c in message.tool_calls
-        )
-        lines.append(" ".join(part for part in (label, head, f"-> {calls}" if calls else "") if part))
-        lines.extend(f"    {line}" for line in (message.content or "").splitlines())
+    lines += [message_whole(f"#{i} {m.role}", m) for i, m in enumerate(checkpoint.messages)]
+    lines += [message_whole(f"- {m.role} (queued)", m) for m in checkpoint.pending_input]
+    return "\n".join(lines)
+
+
+def message_whole(label: str, message: Message) -> str:
+    """A message whole: a head line (label, the call id a result answers, the calls it makes), then its text."""
+    head = f"#{message.tool_call_id}" if message.role == "tool" else ""
+    calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)}) #{c.id}" for c in message.tool_calls)
+    lines = [" ".join(part for part in (label, head, f"-> {calls}" if calls else "") if part)]
+    lines += [f"    {line}" for line in (message.content or "").splitlines()]
     return "\n".join(lines)
 
 

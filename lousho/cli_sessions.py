@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 import typer
+from rich.table import Table
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, get_checkpoint_history, validate_session_id
 from lousho.cli_render import (
@@ -21,6 +22,7 @@ from lousho.cli_render import (
     transcript_table,
     transcript_text,
 )
+from lousho.cli_watch import follow_session, watch_sessions
 from lousho.errors import ConfigurationError, SessionNotFoundError
 from lousho.settings import LoushoSettings
 from lousho.stores.listing import Listing, read_each
@@ -102,6 +104,10 @@ def _cells(row: dict[str, Any]) -> list[str]:
     return [row["session_id"], row["status"], row["agent"] or "-", *counts, short(row["last_answer"], 80)]
 
 
+def _table(records: Sequence[dict[str, Any]]) -> Table:
+    return sessions_table([_cells(record) for record in records])
+
+
 def _rows(sessions: Listing[str], row: Callable[[str, object], dict[str, Any] | None]) -> Listing[dict[str, Any]]:
     """The rows of the listed sessions, skipping those the listing or `row` could not read."""
     rows = read_each(((session_id, None) for session_id in sessions), row, what="session")
@@ -132,8 +138,16 @@ def register(app: typer.Typer) -> None:
             SessionStatusChoice | None, typer.Option("--status", help="Only the sessions of this status.")
         ] = None,
         as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+        watch: bool = typer.Option(
+            False, "--watch", "-w", help="Keep watching: print again on each change (Ctrl-C ends)."
+        ),
+        interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="How often --watch looks."),
     ) -> None:
         """List sessions, with their status and last answer (and, on stderr, those that cannot be read)."""
+        if watch:
+            settings = settings_of(ctx)
+            watch_sessions(lambda: session_records(settings, status), _table, interval=interval, as_json=as_json)
+            return
         records = session_records(settings_of(ctx), status)
         if as_json:
             print_json(list(records))
@@ -147,9 +161,17 @@ def register(app: typer.Typer) -> None:
         session: str = typer.Argument(..., help="Session id."),
         full: bool = typer.Option(False, "--full", help="Every message whole, not cut to a line."),
         as_json: bool = typer.Option(False, "--json", help="Print the checkpoint as JSON."),
+        follow: bool = typer.Option(
+            False, "--follow", "-f", help="Keep printing new messages, whole, until the session finishes (or Ctrl-C)."
+        ),
+        interval: float = typer.Option(0.5, "--interval", metavar="SECONDS", help="How often --follow looks."),
     ) -> None:
         """A session's transcript."""
-        checkpoint = _load(settings_of(ctx).store(), session)
+        store = settings_of(ctx).store()
+        checkpoint = _load(store, session)
+        if follow:
+            follow_session(lambda: _load(store, session), interval=interval)
+            return
         if as_json:
             print_json(checkpoint.model_dump(mode="json"))
             return

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -23,7 +28,8 @@ from lousho.stores.redis import RedisStore
 from lousho.stores.sql import SqliteStore
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
-from tests.ops.test_cli import City, assert_one_line_error, lousho, run_local
+from tests.ops.conftest import LOUSHO
+from tests.ops.test_cli import AGENT, City, assert_one_line_error, lousho, run_local
 
 LONG_ANSWER = "Lisbon, day one: " + " ".join(f"stop-{n}" for n in range(80)) + " THE-END"
 
@@ -266,3 +272,89 @@ def test_abort_of_a_session_awaiting_approval_says_it_stays_awaiting_approval(
     assert stored is not None and stored.status == "awaiting-approval"
     status = json.loads(lousho("sessions", "--json", env=env).stdout)
     assert status == [{**status[0], "session_id": "paused-1", "status": "awaiting-approval", "aborted": False}]
+
+
+class LiveCommand:
+    """A `lousho` command that keeps running (`--watch`, `--follow`): its stdout collected as it comes."""
+
+    def __init__(self, *args: str, env: dict[str, str]) -> None:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"}
+        self.process = subprocess.Popen(
+            [LOUSHO, *args], env={**clean, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, text: str, timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.output:
+            assert self.process.poll() is None or time.monotonic() < deadline, self.output
+            assert time.monotonic() < deadline, f"{text!r} not in:\n{self.output}"
+            time.sleep(0.05)
+
+    def end(self, timeout_s: float = 10.0) -> int:
+        """The exit status, after a Ctrl-C if it still runs; killed (by pid) if it does not end in time."""
+        try:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGINT)
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self.reader.join(timeout=5)
+            assert self.process.stdout is not None
+            self.process.stdout.close()
+
+
+def test_sessions_watch_prints_the_sessions_again_when_they_change_until_ctrl_c(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    run_two_calls(store, "chat-1")
+    watching = LiveCommand("sessions", "--watch", "--interval", "0.1", env=sqlite_env(tmp_path))
+    try:
+        watching.wait_for("chat-1")
+        assert "chat-2" not in watching.output
+        run_two_calls(store, "chat-2", answer="Second.")
+        watching.wait_for("Second.")
+    finally:
+        status = watching.end()
+    assert status == 0, watching.output
+    tables = watching.output.count("┃ session")
+    assert tables == 2, watching.output  # printed once, then once for the change: not on every look
+    store.close()
+
+
+def test_show_follow_prints_new_messages_until_the_session_finishes(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "jobs.db")
+    approval = asyncio.run(run_local(store, "chat-1"))
+    assert approval is not None
+    following = LiveCommand("show", "chat-1", "--follow", "--interval", "0.1", env=sqlite_env(tmp_path))
+    try:
+        following.wait_for(f"awaiting approval {approval}")
+        store.approvals.decide(approval, True, None)
+        asyncio.run(
+            AgentExecutor.execute(
+                agent=AGENT, input=[], provider=ScriptedProvider(["Charged, and sunny: " + LONG_ANSWER]),
+                session_id="chat-1", checkpoint_store=store.checkpoints, approval_store=store.approvals,
+            )
+        )  # fmt: skip
+        status = following.process.wait(timeout=20)  # it ends by itself: the session finished
+    finally:
+        following.end()
+    assert status == 0
+    out = following.output
+    assert (
+        out.index("awaiting approval") < out.index('{"charged": 5}') < out.index(LONG_ANSWER) < out.index("-- finished")
+    )
+    assert out.count("#0 system") == 1  # each message once
+    store.close()
