@@ -298,7 +298,10 @@ class LiveCommand:
     def wait_for(self, text: str, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         while text not in self.output:
-            assert self.process.poll() is None or time.monotonic() < deadline, self.output
+            ended = self.process.poll() is not None
+            if ended:
+                self.reader.join(timeout=5)  # what it printed before it ended
+            assert text in self.output or not ended, f"ended with {self.process.returncode}:\n{self.output}"
             assert time.monotonic() < deadline, f"{text!r} not in:\n{self.output}"
             time.sleep(0.05)
 
