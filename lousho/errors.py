@@ -238,3 +238,19 @@ class PropagatingToolError(Exception):
 
     The run keeps its last 'in-progress' checkpoint (reference: checkpoint table).
     """
+
+
+class AgentNotServedError(ConfigurationError):
+    """`Client.enqueue` of an agent that no live worker serves on the client's queue (issue #15): nothing is
+    written. `served` maps each queue to the agents live workers serve on it."""
+
+    code = "LOUSHO_AGENT_NOT_SERVED"
+
+    def __init__(self, message: str, *, agent: str, queue: str | None, served: dict[str, list[str]]) -> None:
+        super().__init__(message)
+        self.agent = agent
+        self.queue = queue
+        self.served = served
+
+
+__all__ += ["AgentNotServedError"]
