@@ -67,12 +67,12 @@ class FleetKeys:
     def running(self) -> str:
         """Sorted set of the tool calls running on the fleet (`RunningCall.entry`), scored by their
         last beat: how a restarted call finds the runs that died with its own (lua/call_begin.lua)."""
-        return f"{self.store.prefix}running"
+        return self.store.keys.running
 
     @property
     def parked(self) -> str:
         """Set of sessions whose model turn killed its worker `max_attempts` times."""
-        return f"{self.store.prefix}parked"
+        return self.store.keys.parked
 
     @property
     def reaper_lock(self) -> str:

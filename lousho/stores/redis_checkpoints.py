@@ -286,16 +286,36 @@ class RedisCheckpointStore:
     # -- delete, sessions -------------------------------------------------
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
-        """Forget the session; with `keep_history` the ring and the messages it refers to stay."""
+        """Forget the session; with `keep_history` the ring and the messages it refers to stay.
+
+        Every key of the session goes, the fleet's too (issue #16): its run keys, its calls' leases,
+        and its entries in the fleet's indexes (in-flight, running, parked). Approvals are the
+        approval store's: their keys are named by approval id, not by session."""
         validate_session_id(session_id)
         head, messages, history = self.keys.session_keys(session_id)
         with redis_errors(self.client, f"delete session {session_id!r}"):
+            runs = self._running_entries(session_id)
+            call_leases = [self.keys.session_key(session_id, f"lease:{call_id}") for call_id in runs.values()]
             pipe = self.client.pipeline(transaction=True)
             pipe.delete(head) if keep_history else pipe.delete(head, messages, history)
-            pipe.delete(*self.keys.run_keys(session_id))
+            pipe.delete(*self.keys.run_keys(session_id), *call_leases)
+            if runs:
+                pipe.zrem(self.keys.running, *runs)
             pipe.zrem(self.keys.inflight, session_id)
+            pipe.hdel(self.keys.parked, session_id)
             pipe.execute()
         self._cache.drop(session_id)
+
+    def _running_entries(self, session_id: str) -> dict[str, str]:
+        """The session's entries in the fleet's running index, each with its call's id (a run holds the
+        call's lease while it is listed: lousho/worker/running.py)."""
+        runs: dict[str, str] = {}
+        for raw in cast(list[bytes | str], self.client.zrange(self.keys.running, 0, -1)):
+            entry = text(raw)
+            parts = entry.split("|", 3)  # '<host>|<pid>|<session>|<turn>:<call id>'
+            if len(parts) == 4 and parts[2] == session_id:
+                runs[entry] = parts[3].partition(":")[2]
+        return runs
 
     def sessions(self, status: str | None = None) -> Listing[str]:
         """Session ids with a latest checkpoint (SCAN on the prefix), sorted, optionally of one `status`;

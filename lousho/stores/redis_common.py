@@ -60,14 +60,26 @@ class RedisKeys:
 
     def run_keys(self, session_id: str) -> list[str]:
         """The keys a fleet keeps beside a session's checkpoint (lousho/fleet/keys.py: its lease,
-        results, marks, poison counts, abort flag, incarnation). Deleting the session deletes them:
-        a worker still on the old run then has no lease to save under (issue #21)."""
+        results, marks, poison counts, abort flag, incarnation, requeue mark). Deleting the session
+        deletes them: a worker still on the old run then has no lease to save under (issue #21). Its
+        calls' leases (`lease:<call id>`) are found from the running index (`delete`, issue #16)."""
         parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued")
         return [self.session_key(session_id, part) for part in parts]
 
     @property
     def inflight(self) -> str:
         return f"{self.prefix}inflight"
+
+    @property
+    def running(self) -> str:
+        """The fleet's running index (`FleetKeys.running`): entries '<host>|<pid>|<session>|<turn>:<call id>',
+        named here so that deleting a session drops its entries and its calls' leases (issue #16)."""
+        return f"{self.prefix}running"
+
+    @property
+    def parked(self) -> str:
+        """The fleet's hash of parked sessions (`FleetKeys.parked`), named here for `delete` (issue #16)."""
+        return f"{self.prefix}parked"
 
     def approval(self, approval_id: str) -> str:
         return f"{self.prefix}approval:{approval_id}"

@@ -24,6 +24,9 @@ local field, token, ttl_ms, writer, entry = ARGV[1], ARGV[2], tonumber(ARGV[3]),
 local aborted = redis.call('EXISTS', abort)
 local checkpoint = read_checkpoint(head, msgs, writer)
 local epoch = session_epoch(epoch_key)
+-- A late copy of a call of a session that is gone (deleted) writes nothing: no lease, no count, no
+-- entry would outlive the session's `delete()` (issue #16).
+if checkpoint[1] == 'none' then return {0, aborted, checkpoint, epoch, 0} end
 if redis.call('HEXISTS', results, field) == 1 then return {-1, aborted, checkpoint, epoch, 0} end
 if stale_lease(call_lease, epoch) then redis.call('DEL', call_lease) end
 if not redis.call('SET', call_lease, token .. '@' .. epoch, 'NX', 'PX', ttl_ms) then
@@ -51,5 +54,7 @@ if started > 1 and last then
   end
 end
 redis.call('HSET', attempts, 'by:' .. field, entry)
+local session_ttl = redis.call('PTTL', head)
+if session_ttl > 0 then redis.call('PEXPIRE', attempts, session_ttl) end -- expires with the session (issue #16)
 redis.call('ZADD', running, now, entry)
 return {started, aborted, checkpoint, epoch, tonumber(redis.call('HGET', attempts, 'shared:' .. field) or '0')}

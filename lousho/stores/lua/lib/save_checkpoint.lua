@@ -2,7 +2,7 @@
 -- save.lua calls it, and so does the worker's save_end.lua, which passes more KEYS and ARGV after
 -- these (its own part runs only when the save did).
 --
--- needs: segments
+-- needs: segments, session_ttl
 --
 -- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index, [5 the session's lease when fenced]
 -- ARGV: 1 new version, 2 writer id of the head the writer built on ('' = unknown: full write),
@@ -174,6 +174,7 @@ local function save_checkpoint()
     redis.call('PEXPIRE', cp, ttl_ms)
     redis.call('PEXPIRE', msgs, ttl_ms)
     redis.call('PEXPIRE', hist, ttl_ms)
+    expire_session_fleet_keys(cp, ttl_ms) -- the fleet's keys of the session live as long (issue #16)
   end
   return {'ok', now_ms}
 end

@@ -2,7 +2,7 @@
 -- and read what a step needs, in the same round trip. A library: open_step.lua and
 -- call_commit.lua call it.
 --
--- needs: read_checkpoint, lousho.worker:epoch
+-- needs: read_checkpoint, session_ttl, lousho.worker:epoch
 --
 -- k: the keys {lease, parked (hash of parked sessions), abort, attempts (hash), results (hash),
 -- head, msgs, epoch}. attempt_field: the attempts field to count one more start of ('' = none).
@@ -17,5 +17,9 @@ local function begin_step(k, token, ttl_ms, session, attempt_field, known)
   local epoch = session_epoch(k.epoch)
   local attempts = 0
   if attempt_field ~= '' then attempts = redis.call('HINCRBY', k.attempts, attempt_field, 1) end
+  -- The session's keys written since its last save (this count, a result just committed, an abort
+  -- flag) expire with its head, when the store has a TTL (session_ttl.lua, issue #16).
+  local ttl = redis.call('PTTL', k.head)
+  if ttl > 0 then expire_session_fleet_keys(k.head, ttl) end
   return {1, parked, aborted, attempts, redis.call('HGETALL', k.results), read_checkpoint(k.head, k.msgs, known), epoch}
 end

@@ -4,7 +4,7 @@
 -- step's next tasks onto the broker's queue (the outbox: lousho/worker/outbox.py). A library:
 -- close_step.lua, save_end.lua and commit_fold.lua call it.
 --
--- needs: lousho.worker:epoch
+-- needs: session_ttl, lousho.worker:epoch
 --
 -- k: the keys {lease, dispatched, results, attempts, queue, epoch}; epoch: the incarnation the step
 -- worked for: if the session is another one now, the step only releases its lease (issue #21).
@@ -34,7 +34,11 @@ local function end_step(k, token, epoch, clear, calls, redispatch, next_message)
     if send and call[3] ~= '' then redis.call('LPUSH', k.queue, call[3]) end
     reply[#reply + 1] = send and 1 or 0
   end
-  if current and clear == '1' then redis.call('DEL', k.dispatched, k.results, k.attempts) end
+  if current and clear == '1' then
+    redis.call('DEL', k.dispatched, k.results, k.attempts)
+  elseif #calls > 0 then
+    follow_head_ttl(k.dispatched, 'dispatched') -- the marks expire with the session (issue #16)
+  end
   if redis.call('GET', k.lease) == token then reply[1] = redis.call('DEL', k.lease) end
   if current and next_message ~= '' then redis.call('LPUSH', k.queue, next_message) end
   return reply
