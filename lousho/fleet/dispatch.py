@@ -70,28 +70,28 @@ def advance_task(session_id: str, reason: str) -> StepTask:
     )
 
 
-def send(app: Any, task: StepTask) -> None:
-    """Send `task` to the app's queue through Celery."""
+def send(app: Any, task: StepTask, queue: str | None = None) -> None:
+    """Send `task` through Celery to `queue` (default: the app's; a `Client` routes by agent, issue #15)."""
     app.send_task(
         task.name,
         args=task.args,
         task_id=task.task_id,
-        queue=app.conf.task_default_queue,
+        queue=queue or app.conf.task_default_queue,
         shadow=task.shadow,
         argsrepr=task.argsrepr,
     )
 
 
-def send_model_turn(app: Any, session_id: str, turn: int) -> None:
-    send(app, model_turn_task(session_id, turn))
+def send_model_turn(app: Any, session_id: str, turn: int, queue: str | None = None) -> None:
+    send(app, model_turn_task(session_id, turn), queue)
 
 
 def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str, turn: int) -> None:
     send(app, tool_call_task(session_id, tool_call_id, tool_name, turn))
 
 
-def send_advance(app: Any, session_id: str, reason: str) -> None:
-    send(app, advance_task(session_id, reason))
+def send_advance(app: Any, session_id: str, reason: str, queue: str | None = None) -> None:
+    send(app, advance_task(session_id, reason), queue)
 
 
 def turn_number(checkpoint: Checkpoint) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "broker_url",
     "FleetSettings",
     "TASK_ADVANCE",
@@ -15,6 +16,8 @@ __all__ = [
     "celery_config",
 ]
 
+DEFAULT_QUEUE = "lousho"
+"""Celery's default queue of an app whose queue is chosen per job (a `Client` with `queue=None`, issue #15)."""
 TASK_MODEL_TURN = "lousho.model_turn"
 TASK_TOOL_CALL = "lousho.tool_call"
 TASK_ADVANCE = "lousho.advance"
@@ -42,8 +45,11 @@ class FleetSettings:
     the session, the tool call gets an error result."""
     lock_wait_s: float = 5.0
     """How long a finished tool call waits for the session's lease to fold its result in."""
-    queue: str = "lousho"
-    """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`)."""
+    queue: str | None = None
+    """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`). None: each app
+    its own, named after its agents (`lousho.<agent>[+<agent>...]`, `lousho.fleet.registry.app_queue`), and
+    a `Client` sends a job where a live worker serves its agent; two apps on one Redis then never take each
+    other's jobs (issue #15). Name one to keep it across deploys that change the agents."""
     outbox: bool = True
     """A worker pushes a step's next task from the script that ends the step: atomic with its save
     and lease release, and cheaper than `app.send_task` (a hop 3.97 ms against 5.11 ms in the
@@ -78,7 +84,7 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_ignore_result": True,  # the checkpoint is the result
-        "task_default_queue": settings.queue,
+        "task_default_queue": settings.queue or DEFAULT_QUEUE,
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "task_track_started": True,

@@ -12,10 +12,17 @@ from pydantic import BaseModel
 from lousho.approvals import ApprovalSnapshot, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
-from lousho.errors import ConfigurationError, SDKError, SessionAwaitingApprovalError, StoreUnavailableError
+from lousho.errors import (
+    AgentNotServedError,
+    ConfigurationError,
+    SDKError,
+    SessionAwaitingApprovalError,
+    StoreUnavailableError,
+)
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.registry import WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
@@ -51,17 +58,33 @@ class Client:
         self.store = store.with_inflight_deadline(self.settings.lease_ttl_ms)
         self.inflight = InflightIndex.of(self.store, self.settings.lease_ttl_ms)
         self.keys = FleetKeys(self.store)
+        self.registry = WorkerRegistry(self.store)
         self.app = Celery("lousho-client", set_as_current=False)
         self.app.conf.update(celery_config(broker, self.settings))
 
-    def enqueue(self, agent_name: str, input: Any, *, session_id: str | None = None, business_state: Any = None) -> str:
+    def enqueue(
+        self,
+        agent_name: str,
+        input: Any,
+        *,
+        session_id: str | None = None,
+        business_state: Any = None,
+        require_worker: bool = True,
+    ) -> str:
         """Write the job's checkpoint (an accepted record for a new session) and wake the fleet.
 
         The record is saved before the message is sent, so a lost message is recovered by the
-        reaper. On an existing session the input follows the reference's rules for `execute()`."""
+        reaper. On an existing session the input follows the reference's rules for `execute()`.
+
+        The job goes to a queue on which a live worker serves `agent_name` (the client's `settings.queue`
+        when one is named). When none does, `AgentNotServedError` names what is served, and nothing is
+        written; `require_worker=False` enqueues ahead of the workers: the message waits on the named
+        queue, or, with none named, the session waits until the reaper sees a worker serving its agent
+        (issue #15)."""
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
         stored = self.store.checkpoints.load(session_id)
         messages = validate_input(input, stored)  # before anything is written (issue #21)
+        queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
         if stored is None:
             checkpoint: Checkpoint | None = Checkpoint(
                 session_id=session_id, agent_name=agent_name, pending_input=messages, business_state=business_state
@@ -78,22 +101,52 @@ class Client:
             self.keys.new_incarnation(session_id)
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
         try:
-            self._wake(session_id, checkpoint)
+            self._wake(session_id, checkpoint, queue)
         except SDKError:
             raise
         except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
             raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from None
         return session_id
 
-    def _wake(self, session_id: str, checkpoint: Checkpoint) -> None:
+    def _queue_for(self, agent_name: str, require_worker: bool) -> str | None:
+        """Where a job of `agent_name` goes (None: nowhere yet, the reaper sends it); `AgentNotServedError`
+        when no live worker serves it there and `require_worker` (issue #15)."""
+        served = self.registry.live()
+        queue = served.route(agent_name, self.settings.queue)
+        if require_worker and (queue is None or not served.serves(agent_name, queue)):
+            where = f"on queue {self.settings.queue!r}" if self.settings.queue else "on any queue"
+            raise AgentNotServedError(
+                f"no live worker serves agent {agent_name!r} {where} under prefix {self.store.prefix!r} "
+                f"(served: {served.describe()}); nothing was enqueued. Start a worker whose app serves it "
+                "(`lousho worker --app module:app`), check the agent's name and the queue, or enqueue ahead "
+                "of the workers (`require_worker=False`, `lousho enqueue --no-require-worker`)",
+                agent=agent_name,
+                queue=self.settings.queue,
+                served=served.by_queue(),
+            )
+        return queue
+
+    def _session_queue(self, session_id: str) -> str | None:
+        """Where a step of an existing session goes: a queue serving its agent (issue #15)."""
+        return self.registry.live().route(agent_of(self.store, session_id), self.settings.queue)
+
+    def _send_advance(self, session_id: str, reason: str) -> None:
+        """Wake the session's worker; with no live worker serving it and no queue named, the reaper will."""
+        queue = self._session_queue(session_id)
+        if queue is not None:
+            send_advance(self.app, session_id, reason, queue)
+
+    def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None) -> None:
         client = self.store.client
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id))
             client.hdel(self.keys.parked, session_id)
+        if queue is None:  # ahead of the workers, with no queue named: the reaper sends it (issue #15)
+            return
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
-            send_model_turn(self.app, session_id, turn_number(checkpoint))
+            send_model_turn(self.app, session_id, turn_number(checkpoint), queue)
         else:
-            send_advance(self.app, session_id, "enqueue")
+            send_advance(self.app, session_id, "enqueue", queue)
 
     def status(self, session_id: str) -> SessionStatus:
         checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
@@ -130,7 +183,7 @@ class Client:
             # Back in the in-flight index first: if the message below is lost (or its worker dies),
             # the reaper requeues the session; a paused session is otherwise out of the index for good.
             self.inflight.touch(snapshot.session_id)
-            send_advance(self.app, snapshot.session_id, "approval")
+            self._send_advance(snapshot.session_id, "approval")
         return snapshot
 
     def approvals(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
@@ -152,7 +205,7 @@ class Client:
             with redis_errors(self.store.client, f"clear the abort flag of {session_id!r}"):
                 self.store.client.delete(flag)
             return False
-        send_advance(self.app, session_id, "abort")
+        self._send_advance(session_id, "abort")
         return True
 
     def _unfinished(self, session_id: str) -> bool:
@@ -167,7 +220,7 @@ class Client:
             client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
             client.hdel(self.keys.parked, session_id)
         self.inflight.touch(session_id)
-        send_advance(self.app, session_id, "resume")
+        self._send_advance(session_id, "resume")
 
     def sessions(self, status: str | None = None) -> Listing[str]:
         """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked');

@@ -20,6 +20,7 @@ from lousho.errors import StoreUnavailableError
 from lousho.fleet.dispatch import send_advance
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
@@ -32,7 +33,8 @@ log = logging.getLogger("lousho.reaper")
 def reap_once(
     store: RedisStore, app: Any, settings: FleetSettings, now_ms: int | None = None, limit: int = 1000
 ) -> list[str]:
-    """One pass: the sessions requeued (an `advance` task each)."""
+    """One pass: the sessions requeued (an `advance` task each), each to a queue where a live worker serves its
+    agent when `settings.queue` names none; then, a session no live worker serves stays due (issue #15)."""
     keys, inflight = FleetKeys(store), InflightIndex.of(store, settings.lease_ttl_ms)
     client = store.client
     lock_ms = max(100, round(settings.reaper_interval_s * 1000 * 0.8))
@@ -40,16 +42,23 @@ def reap_once(
         return []
     now_ms = inflight.server_time_ms() if now_ms is None else now_ms
     requeued = []
+    served: ServedAgents | None = None
     for session_id, _deadline in inflight.due(due_before_ms=now_ms, limit=limit):
         if client.exists(keys.lease(session_id)):
             continue  # a live worker holds it; its heartbeat will push the deadline
         if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
             inflight.drop(session_id)
             continue
+        queue = settings.queue
+        if queue is None:  # to a queue where a live worker serves the session's agent (issue #15)
+            served = served or WorkerRegistry(store).live()
+            queue = served.route(agent_of(store, session_id), None)
+            if queue is None:
+                continue  # no live worker serves its agent: it stays due, and is looked at again next pass
         inflight.touch(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
         if not _mark_requeue(client, keys.requeued(session_id), now_ms, settings.requeue_wait_ms):
             continue  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
-        send_advance(app, session_id, "reaper")
+        send_advance(app, session_id, "reaper", queue)
         requeued.append(session_id)
     if requeued:
         log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))

@@ -52,6 +52,7 @@ from lousho.providers.base import LLMProvider
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker.app import create_app
+from lousho.worker.registry import Presence
 from lousho.worker.transport import decode_entry
 
 __all__ = ["FleetDriver", "SentTask"]
@@ -102,6 +103,7 @@ class _Worker:
         self.app = app
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lousho-driver-{name}")
         self.ident: int | None = None
+        self.presence: Presence | None = None
 
     def run(self, task: SentTask) -> str:
         self.ident = threading.get_ident()
@@ -113,7 +115,8 @@ class FleetDriver:
 
     `agents`, `provider`, `settings` and `on_event` are what `create_app` takes; `store` defaults to
     `RedisStore(redis_url)` (pass one for its prefix and options). The queue is the driver's own
-    (`settings.queue` is replaced by a fresh name), so no real worker takes its messages.
+    (`settings.queue` is replaced by a fresh name), so no real worker takes its messages; its workers publish that
+    they serve the agents there, so `client.enqueue` finds them served (issue #15).
     `client` is a web app's `Client` on the same store and queue."""
 
     def __init__(
@@ -128,7 +131,8 @@ class FleetDriver:
         timeout_s: float = 30.0,
     ) -> None:
         self.store = store or RedisStore(redis_url)
-        self.settings = replace(settings or FleetSettings(), queue=f"lousho-driver-{uuid.uuid4().hex[:12]}")
+        self.queue = f"lousho-driver-{uuid.uuid4().hex[:12]}"
+        self.settings = replace(settings or FleetSettings(), queue=self.queue)
         self.timeout_s = timeout_s
         self._broker = broker_url(redis_url)
         self._app_options: dict[str, Any] = {"agents": agents, "provider": provider, "on_event": on_event}
@@ -144,7 +148,7 @@ class FleetDriver:
     def pending(self) -> list[SentTask]:
         """The messages waiting on the queue, oldest first."""
         with self._lock:
-            entries: list[bytes] = self.store.client.lrange(self.settings.queue, 0, -1)  # type: ignore[assignment]
+            entries: list[bytes] = self.store.client.lrange(self.queue, 0, -1)  # type: ignore[assignment]
             waiting = [SentTask.read(entry) for entry in reversed(entries)]  # LPUSHed: the newest first
             for task in waiting:
                 if task.delivery_tag not in self._seen:
@@ -162,7 +166,7 @@ class FleetDriver:
     def drop(self, task: SentTask) -> bool:
         """Take `task`'s message off the queue unrun (a lost message); whether it was there."""
         self.pending()  # seen before it goes
-        return bool(self.store.client.lrem(self.settings.queue, 1, task.entry))  # type: ignore[arg-type]  # typed str, takes bytes
+        return bool(self.store.client.lrem(self.queue, 1, task.entry))  # type: ignore[arg-type]  # typed str, takes bytes
 
     # -- delivering ------------------------------------------------------------------------
 
@@ -175,6 +179,9 @@ class FleetDriver:
             )  # fmt: skip
             app = create_app(store=store, broker=self._broker, settings=self.settings, **self._app_options)
             self._workers[name] = _Worker(name, app)
+            # It serves its agents on the driver's queue, as a real worker says it does (issue #15).
+            presence = Presence(app.lousho_runtime, [self.queue], f"driver|{self.queue}|{name}")
+            self._workers[name].presence = presence.start()
         return self._workers[name].app
 
     def deliver(self, task: SentTask, *, worker: str = "w1") -> str:
@@ -211,11 +218,13 @@ class FleetDriver:
     def close(self) -> None:
         """Stop the workers' threads and drop the queue (the store's keys stay: they are the test's)."""
         for runner in self._workers.values():
+            if runner.presence is not None:
+                runner.presence.stop()
             runner.thread.shutdown(wait=True)
             runner.app.lousho_runtime.close()
             runner.app.close()
         self.client.app.close()
-        self.store.client.delete(self.settings.queue)
+        self.store.client.delete(self.queue)
 
     def __enter__(self) -> FleetDriver:
         return self

@@ -12,14 +12,17 @@ celery -A myapp.lousho_app beat        # the reaper on a schedule (or: lousho re
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
 
+from lousho.fleet.registry import app_queue
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
+from lousho.worker.registry import watch_presence
 from lousho.worker.running import watch_shutdown
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.tasks import register_tasks
@@ -45,15 +48,23 @@ def create_app(
     worker (text, tool calls and results, saves, approvals, drift). `celery_settings` override Celery's
     (e.g. `broker_transport_options`), on top of lousho's safe defaults: JSON only,
     `task_acks_late`, `task_reject_on_worker_lost`, `worker_prefetch_multiplier=1`, events on.
+
+    Its queue is `settings.queue`, else one named after its agents (`lousho.<agent>[+<agent>...]`), which
+    `celery worker` consumes when given no `-Q`. Its workers publish which agents they serve on which
+    queues (`lousho.worker.registry`), so a `Client` refuses a job no live worker serves (issue #15).
     """
     settings = settings or FleetSettings()
     # A session with no save or heartbeat for a lease's time may have lost its worker.
     runtime = FleetRuntime.build(agents, store.with_inflight_deadline(settings.lease_ttl_ms), settings, provider)
     runtime.on_event = on_event
+    if settings.queue is None:  # the app's own queue, named after its agents (issue #15)
+        runtime.settings = settings = dataclasses.replace(settings, queue=app_queue(runtime.agents))
+        runtime.queue_named = False
     app = Celery(name, set_as_current=False, amqp=AMQP)  # a worker survives any bytes on its queue
     app.conf.update(celery_config(broker, settings, **celery_settings))
     runtime.app = app
     app.lousho_runtime = runtime
     register_tasks(app, runtime)
     watch_shutdown()
+    watch_presence()
     return app

@@ -7,6 +7,7 @@ long-lived event loop (made after the fork) and runs every task's coroutine on i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 from collections.abc import Coroutine, Sequence
@@ -54,6 +55,8 @@ class FleetRuntime:
     app: Any = None
     on_event: Any = None
     """Called with every event of every run on this worker (logging, metrics)."""
+    queue_named: bool = True
+    """Whether `settings.queue` was given, not named after the agents by `create_app` (issue #15)."""
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_pid: int = 0
     _resolved: dict[str, ResolvedAgent] = field(default_factory=dict)
@@ -109,7 +112,10 @@ class FleetRuntime:
             return await agent.resolve(run_config)
         if agent.name not in self._resolved:
             self._resolved[agent.name] = await agent.resolve(None)
-        return self._resolved[agent.name]
+        resolved = self._resolved[agent.name]
+        ctx = (run_config or {}).get("ctx")
+        # The run's saved context: its tools' `ctx.metadata`, saved again by every save (issue #16).
+        return dataclasses.replace(resolved, run_config={"ctx": ctx}) if ctx else resolved
 
     def close(self) -> None:
         """Close the event loop and the outbox's broker connection (an app made and dropped in a process

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -72,4 +73,6 @@ def register_tasks(app: Any, runtime: FleetRuntime) -> None:
         """One pass of the reaper (installed as a beat entry by `create_app`)."""
         from lousho.scheduler.reaper import reap_once
 
-        return len(reap_once(runtime.store, runtime.app, runtime.settings))
+        # A queue named after this app's agents is no place for another app's session (issue #15).
+        settings = runtime.settings if runtime.queue_named else dataclasses.replace(runtime.settings, queue=None)
+        return len(reap_once(runtime.store, runtime.app, settings))

@@ -1,0 +1,147 @@
+"""Which agents the fleet serves, on which queues: the workers' presence, read by the `Client` and the reaper
+(issue #15).
+
+A job whose agent no live worker serves used to be taken by whatever worker consumed its queue, which
+parked it (`LOUSHO_UNKNOWN_AGENT`) with the reason only in that worker's log; or it waited forever on a
+queue nobody consumed. Now each worker publishes what it serves, with a heartbeat, in one Redis hash per
+key prefix, `<prefix>workers`: field `<host>|<pid>` -> JSON `{"queues": [...], "agents": [...],
+"expires_ms": <Redis server ms>}`. A worker writes it when it is ready, again every `heartbeat_s`, and
+deletes it when it shuts down; an entry whose `expires_ms` passed (a SIGKILLed worker: `lease_ttl_s`
+after its last beat) is not live. The publishing is the worker's (`lousho.worker.registry`); the layout,
+the reading and the routing are here, where the `Client` and the reaper share them.
+
+Routing (`ServedAgents.route`): a step goes to the configured queue when one is named (`FleetSettings.queue`);
+with none named, to a queue on which a live worker serves the session's agent, else nowhere yet: the
+session waits in the in-flight index, and the reaper sends it once a worker that serves its agent is live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lousho.errors import SDKError
+from lousho.stores.redis import RedisStore
+from lousho.stores.redis_common import redis_errors, text
+
+__all__ = ["LiveWorker", "ServedAgents", "WorkerRegistry", "agent_of", "app_queue"]
+
+
+def app_queue(agent_names: Iterable[str]) -> str:
+    """The queue of an app that names none (`FleetSettings.queue=None`): `lousho.<agent>[+<agent>...]`, its
+    agents' names sorted (a hash of them when that is long). Apps serving other agents get other queues, so
+    two apps on one Redis never take each other's jobs; replicas of one app share theirs (issue #15)."""
+    names = sorted(set(agent_names))
+    joined = "+".join(names)
+    if len(joined) > 100:
+        joined = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+    return f"lousho.{joined}"
+
+
+def agent_of(store: RedisStore, session_id: str) -> str | None:
+    """The agent a session's checkpoint names; None when there is none or it cannot be read (a worker that
+    takes the session says why)."""
+    try:
+        checkpoint = store.checkpoints.load(session_id)
+    except SDKError:
+        return None
+    return checkpoint.agent_name if checkpoint is not None else None
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    """One worker process whose presence has not expired."""
+
+    id: str
+    """`<host>|<pid>`."""
+    queues: tuple[str, ...]
+    """The queues it consumes."""
+    agents: tuple[str, ...]
+    """The agents it serves (its sub-agents included)."""
+
+
+@dataclass(frozen=True)
+class ServedAgents:
+    """What the live workers serve, as read at one moment."""
+
+    workers: tuple[LiveWorker, ...]
+
+    def by_queue(self) -> dict[str, list[str]]:
+        """Queue -> the agents served on it, both sorted."""
+        served: dict[str, set[str]] = {}
+        for worker in self.workers:
+            for queue in worker.queues:
+                served.setdefault(queue, set()).update(worker.agents)
+        return {queue: sorted(served[queue]) for queue in sorted(served)}
+
+    def queues_serving(self, agent: str) -> list[str]:
+        """The queues on which a live worker serves `agent`: the one with the most such workers first."""
+        count: dict[str, int] = {}
+        for worker in self.workers:
+            if agent in worker.agents:
+                for queue in worker.queues:
+                    count[queue] = count.get(queue, 0) + 1
+        return sorted(count, key=lambda queue: (-count[queue], queue))
+
+    def serves(self, agent: str, queue: str | None = None) -> bool:
+        """Whether a live worker serves `agent` (on `queue`, when given)."""
+        queues = self.queues_serving(agent)
+        return bool(queues) if queue is None else queue in queues
+
+    def route(self, agent: str | None, queue: str | None) -> str | None:
+        """Where a step of a session of `agent` goes: the configured `queue` when one is named (whoever
+        serves what), else the queue on which the most live workers serve the agent; None: nowhere yet."""
+        if queue is not None:
+            return queue
+        serving = self.queues_serving(agent) if agent else []
+        return serving[0] if serving else None
+
+    def describe(self) -> str:
+        """What is served, for an error message: `'booker' on 'lousho.booker'; ...`, or that nothing is."""
+        served = self.by_queue()
+        if not served:
+            return "none: no worker of this prefix is live"
+        return "; ".join(f"{', '.join(map(repr, agents))} on {queue!r}" for queue, agents in served.items())
+
+
+@dataclass(frozen=True)
+class WorkerRegistry:
+    """The workers' presence under one store's prefix (`<prefix>workers`)."""
+
+    store: RedisStore
+
+    @property
+    def key(self) -> str:
+        return f"{self.store.prefix}workers"
+
+    def server_time_ms(self) -> int:
+        with redis_errors(self.store.client, "read the Redis server's time"):
+            seconds, micros = cast(tuple[int, int], self.store.client.time())
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def entries(self) -> dict[str, dict[str, Any]]:
+        """Every entry, live or expired (an unreadable one is left out)."""
+        with redis_errors(self.store.client, "read the fleet's workers"):
+            raw = cast(dict[bytes | str, bytes | str], self.store.client.hgetall(self.key))
+        entries = {}
+        for field, value in raw.items():
+            try:
+                entry = json.loads(value)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries[text(field)] = entry
+        return entries
+
+    def live(self) -> ServedAgents:
+        """The workers whose presence has not expired (by Redis server time)."""
+        now_ms = self.server_time_ms()
+        workers = []
+        for worker_id, entry in sorted(self.entries().items()):
+            expires, queues, agents = entry.get("expires_ms"), entry.get("queues"), entry.get("agents")
+            if isinstance(expires, int) and expires > now_ms and isinstance(queues, list) and isinstance(agents, list):
+                workers.append(LiveWorker(worker_id, tuple(map(str, queues)), tuple(map(str, agents))))
+        return ServedAgents(tuple(workers))
