@@ -2,7 +2,7 @@
 
 | variable | what |
 | - | - |
-| `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise |
+| `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise; unset: the local store (`LOUSHO_HOME`, `lousho.local_redis`) |
 | `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore) |
 | `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
 | `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from lousho.scheduler.client import Client
     from lousho.stores.redis import RedisStore
 
-__all__ = ["ChildEnv", "LoushoSettings", "fleet_env_var", "store_from_url"]
+__all__ = ["ChildEnv", "LoushoSettings", "default_redis_url", "fleet_env_var", "store_from_url"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 _URL_FIELDS = ("redis_url", "store_url")
@@ -143,15 +143,10 @@ class LoushoSettings(BaseSettings):
         return ChildEnv(env)
 
     def require_redis_url(self) -> str:
-        """The fleet's Redis: `redis_url`, else a Redis `store_url`."""
+        """The fleet's Redis: `redis_url`, else a Redis `store_url`, else the local store (`default_redis_url`)."""
         if not self.redis_url and self.store_url and self.store_url.startswith(_REDIS_SCHEMES):
             return self.store_url
-        if not self.redis_url:
-            raise ConfigurationError(
-                "no Redis configured: set LOUSHO_REDIS_URL (or REDIS_URL) to a URL such as redis://localhost:6379/0, "
-                "or pass --redis-url"
-            )
-        return self.redis_url
+        return self.redis_url or default_redis_url()
 
     def broker(self) -> str:
         from lousho.fleet.settings import broker_url
@@ -181,6 +176,15 @@ class LoushoSettings(BaseSettings):
 
         store = self.redis_store()
         return Client(broker=self.broker(), store=store, settings=self.fleet)
+
+
+def default_redis_url() -> str:
+    """The Redis when none is configured: the local store that the demo and every `lousho` command share, started
+    on demand under `LOUSHO_HOME` and stopped when idle (`lousho.local_redis`), so what one command wrote the next
+    finds (issue #15). `LOUSHO_LOCAL_REDIS=off` makes a missing Redis setting a `ConfigurationError` again."""
+    from lousho.local_redis import local_redis_url
+
+    return local_redis_url()
 
 
 def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:

@@ -2,4 +2,4 @@
 
 from __future__ import annotations
 
-pytest_plugins = ["tests.fixtures.core", "tests.fixtures.sql", "tests.fixtures.redis"]
+pytest_plugins = ["tests.fixtures.core", "tests.fixtures.sql", "tests.fixtures.redis", "tests.fixtures.local_store"]

@@ -41,7 +41,8 @@ def assert_one_line_error(result: Any, *fragments: str) -> None:
 
 
 def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
-    assert_one_line_error(lousho("sessions", ok=False), "LOUSHO_CONFIGURATION", "LOUSHO_REDIS_URL")
+    off = {"LOUSHO_LOCAL_REDIS": "off"}  # no local store (issue #15): a missing Redis setting is an error again
+    assert_one_line_error(lousho("sessions", env=off, ok=False), "LOUSHO_CONFIGURATION", "LOUSHO_REDIS_URL")
     assert_one_line_error(
         lousho("--redis-url", "redis://127.0.0.1:1/0", "sessions", ok=False), "LOUSHO_STORE_UNAVAILABLE"
     )
@@ -59,7 +60,9 @@ def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
         lousho("worker", "--app", "nope.mod:app", ok=False), "cannot import the app module 'nope.mod'"
     )
     assert_one_line_error(lousho("worker", "--app", "lousho.settings:app", ok=False), "has no 'app'")
-    assert_one_line_error(lousho("worker", "--app", "lousho.demo.fleet_app:app", ok=False), "no Redis configured")
+    assert_one_line_error(
+        lousho("worker", "--app", "lousho.demo.fleet_app:app", env=off, ok=False), "no Redis configured"
+    )
 
 
 class City(BaseModel):
