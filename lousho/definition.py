@@ -3,6 +3,8 @@
 A dynamic agent gives callables for `model`, `instructions` or `tools`; they are
 resolved from the run's `ctx` once per run, and the checkpoint saves the `ctx`
 and the chosen model as `run_config`, so a crash resume resolves the same agent.
+Any agent's run saves a non-empty `ctx` there too: on every resume, its tools see
+the saved context as `ctx.metadata` (issue #16).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ class Agent:
         instructions = await _value(self.instructions, ctx)
         tools = list(await _value(self.tools, ctx))
         _check_unique(self.name, tools)
-        config = {"ctx": ctx, "model": model} if self.is_dynamic else None
+        # A static agent keeps its run's context too, for its tools' `ctx.metadata` on a resume (issue #16).
+        config = {"ctx": ctx, "model": model} if self.is_dynamic else {"ctx": ctx} if ctx else None
         return ResolvedAgent(
             definition=self,
             model=str(model),

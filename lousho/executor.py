@@ -87,7 +87,7 @@ class AgentExecutor:
             signal=signal or AbortSignal(),
             on_event=on_event,
             on_agent_drift=on_agent_drift,
-            metadata=context or {},
+            metadata=context,  # None: the saved context, on a resume (issue #16)
         )
         return await run.start(stored, messages, business_state)
 
@@ -147,6 +147,6 @@ async def resume_after_approval(
         signal=opts.signal or AbortSignal(),
         on_event=opts.on_event,
         on_agent_drift=opts.on_agent_drift,
-        metadata=opts.context or {},
+        metadata=opts.context,  # None: the context the run saved (issue #16)
     )
     return await run.apply_decision(snapshot, checkpoint, approval_store)

@@ -100,7 +100,10 @@ class RunContext:
     signal: AbortSignal = field(default_factory=AbortSignal)
     on_event: EventSink | None = None
     on_agent_drift: DriftPolicy = "warn"
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+    """The run context its tools see (`ctx.metadata`): the `context=` the caller passed, else (None) the
+    one the run saved (`run_config['ctx']`), so a resume of any kind, in process or on the fleet, gives
+    tools the saved context unless the caller passes a new one (issue #16)."""
     parent_session_id: str | None = None
     """A sub-agent's run: the session whose tool call it runs (recorded in its checkpoint)."""
     latest: Checkpoint = field(init=False)
@@ -113,6 +116,9 @@ class RunContext:
             raise ConfigurationError(
                 f"tools {', '.join(gated)} may need approval: pass approval_store= (for example memory_store().approvals)"
             )
+        if self.metadata is None:
+            saved = (self.agent.run_config or {}).get("ctx")
+            self.metadata = dict(saved) if isinstance(saved, dict) else {}
 
     # -- saving -----------------------------------------------------------------
 
@@ -150,7 +156,7 @@ class RunContext:
 
     def tool_context(self, call: ToolCall) -> ToolContext:
         """What a tool (and its approval rule) sees of this run when it handles `call`."""
-        return tool_context(call, self.agent, self.session_id, self.signal, self.metadata)
+        return tool_context(call, self.agent, self.session_id, self.signal, self.metadata or {})
 
     # -- resume checks ----------------------------------------------------------
 
