@@ -27,10 +27,17 @@ def register(app: typer.Typer) -> None:
         wait: bool = typer.Option(False, "--wait", help="Wait until the run finishes, pauses for approval, or parks."),
         timeout: float = typer.Option(60.0, "--timeout", metavar="SECONDS", help="Seconds --wait waits."),
         as_json: bool = typer.Option(False, "--json", help="Print the session id (with --wait, its status) as JSON."),
+        require_worker: bool = typer.Option(
+            True,
+            "--require-worker/--no-require-worker",
+            help="Refuse an agent no live worker serves (default); --no-require-worker enqueues ahead of the workers.",
+        ),
     ) -> None:
-        """Enqueue a job: prints its session id (with --wait, then its status when it settles)."""
+        """Enqueue a job: prints its session id (with --wait, then its status when it settles; a parked run exits 1).
+
+        An agent that no live worker serves is refused, naming what is served (issue #15)."""
         client = settings_of(ctx).client()
-        session_id = client.enqueue(agent, input, session_id=session)
+        session_id = client.enqueue(agent, input, session_id=session, require_worker=require_worker)
         if as_json and not wait:
             print_json({"session_id": session_id})
         if not as_json:
@@ -48,9 +55,15 @@ def register(app: typer.Typer) -> None:
             time.sleep(0.1)
         if as_json:
             print_json(status.model_dump(mode="json"))
-            return
-        detail = f" approval={status.approval_id}" if status.approval_id else ""
-        typer.echo(f"{status.status}{detail} {short(status.text or '', 200)}".rstrip())
+        else:
+            detail = f" approval={status.approval_id}" if status.approval_id else ""
+            typer.echo(f"{status.status}{detail} {short(status.text or '', 200)}".rstrip())
+        if status.status == "parked":  # no silent parking: the reason, and a failing exit (issue #15)
+            typer.echo(
+                f"error: {session_id} is parked: {status.parked_reason} (fix that, then `lousho resume {session_id}`)",
+                err=True,
+            )
+            raise typer.Exit(1)
 
     @app.command()
     def resume(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
