@@ -385,7 +385,7 @@ class Aborter:
                 del self.waiting[session]
             elif checkpoint.status == "in-progress" and not checkpoint.pending_tool_calls():
                 self.slowest_s = max(self.slowest_s, time.monotonic() - since)
-                client.enqueue("jobs", f"go on, {session}", session_id=session)
+                client.enqueue("jobs", f"go on, {session}", session_id=session, require_worker=False)  # mid-kill
                 del self.waiting[session]
             elif time.monotonic() - since > 60:
                 self.violations.append(f"{session}: the abort did not land within 60 s ({checkpoint.status})")

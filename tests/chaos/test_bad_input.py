@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from lousho import Message, SDKError, ToolCall
 from lousho.errors import (
+    AgentNotServedError,
     ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
     CorruptCheckpointError,
@@ -281,7 +282,11 @@ def test_oversized_input_unknown_agent_and_unknown_tool(chaos_fleet: ChaosFleet)
     fleet.client.enqueue("jobs", big, session_id="big-input")
     fleet.client.enqueue("jobs", "go", session_id="big-args")
     fleet.client.enqueue("jobs", "go", session_id="ghost-tool")
-    fleet.client.enqueue("no-such-agent", "hi", session_id="ghost-agent")
+    with pytest.raises(AgentNotServedError) as refused:  # no worker serves it: refused, nothing written (issue #15)
+        fleet.client.enqueue("no-such-agent", "hi", session_id="ghost-agent")
+    if "'jobs'" not in str(refused.value) or fleet.client.checkpoint("ghost-agent") is not None:
+        problems.append(f"an unknown agent refused at enqueue: {refused.value} (written: {fleet.client.checkpoint('ghost-agent')})")
+    fleet.client.enqueue("no-such-agent", "hi", session_id="ghost-agent", require_worker=False)  # a worker parks it
     fleet.wait_for(["big-input", "big-args", "ghost-tool"], timeout_s=90)
     five_mb_s = time.monotonic() - t0
     fleet.wait_for(["ghost-agent"], status="parked", timeout_s=30)

@@ -70,7 +70,7 @@ def test_a_recreated_session_never_inherits_an_old_run(chaos_fleet: ChaosFleet) 
         runs[session] += 1
         latest[session] = script(rng, session, runs[session])
         fleet.script(session, latest[session])
-        fleet.client.enqueue("jobs", f"run {runs[session]} of {session}", session_id=session)
+        fleet.client.enqueue("jobs", f"run {runs[session]} of {session}", session_id=session, require_worker=False)  # workers die meanwhile
         fleet.faults["sessions deleted and enqueued again"] += 1
 
     def kill() -> None:

@@ -39,7 +39,7 @@ def test_a_job_whose_message_was_lost_is_requeued_and_finishes(fleet: Fleet) -> 
     fleet.script("lost", [Message.assistant("done")])
     lossy = Client(broker=broker_url(fleet.env["LOUSHO_TEST_FLEET_REDIS"]), store=fleet.store, settings=FleetSettings(queue=fleet.queue))
     lossy.app = Recorder(fleet.queue)  # type: ignore[assignment]
-    lossy.enqueue("jobs", "go", session_id="lost")
+    lossy.enqueue("jobs", "go", session_id="lost", require_worker=False)
     assert fleet.client.status("lost").status == "in-progress"  # the accepted record was written first
 
     requeued = reap_once(fleet.store, fleet.client.app, FleetSettings(queue=fleet.queue), now_ms=later(fleet))
@@ -53,7 +53,7 @@ def test_a_session_whose_lease_is_held_is_left_alone(fleet: Fleet) -> None:
     fleet.script("busy", [Message.assistant("done")])
     recorder = Recorder(fleet.queue)
     fleet.client.app = recorder  # type: ignore[assignment]
-    fleet.client.enqueue("jobs", "go", session_id="busy")
+    fleet.client.enqueue("jobs", "go", session_id="busy", require_worker=False)
     lease = Lease(fleet.redis, fleet.client.keys.lease("busy"), 60_000)
     assert lease.acquire()
 
@@ -66,7 +66,7 @@ def test_a_session_whose_lease_is_held_is_left_alone(fleet: Fleet) -> None:
 def test_a_requeued_session_is_not_requeued_again_until_its_backoff_passes(fleet: Fleet) -> None:
     recorder = Recorder(fleet.queue)
     fleet.client.app = recorder  # type: ignore[assignment]
-    fleet.client.enqueue("jobs", "go", session_id="once")
+    fleet.client.enqueue("jobs", "go", session_id="once", require_worker=False)
     settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=30)
     now = later(fleet)
 
@@ -84,7 +84,7 @@ def test_a_requeue_still_waiting_on_the_queue_is_not_sent_again_until_it_may_be_
     nobody took in `requeue_wait_ms` (lost with its worker) is sent again."""
     recorder = Recorder(fleet.queue)
     fleet.client.app = recorder  # type: ignore[assignment]
-    fleet.client.enqueue("jobs", "go", session_id="waits")
+    fleet.client.enqueue("jobs", "go", session_id="waits", require_worker=False)
     settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=30)
     now = later(fleet)
 
@@ -100,7 +100,7 @@ def test_several_reapers_at_once_requeue_each_session_once(fleet: Fleet) -> None
     recorder = Recorder(fleet.queue)
     fleet.client.app = recorder  # type: ignore[assignment]
     for i in range(10):
-        fleet.client.enqueue("jobs", "go", session_id=f"many-{i}")
+        fleet.client.enqueue("jobs", "go", session_id=f"many-{i}", require_worker=False)
     recorder.sent.clear()
     now = later(fleet)
     results: list[list[str]] = []
@@ -122,7 +122,7 @@ def test_several_reapers_at_once_requeue_each_session_once(fleet: Fleet) -> None
 def test_a_tool_call_that_kills_its_worker_every_time_gets_an_error_result(fleet: Fleet) -> None:
     fleet.script("poison", [tool_turn(("deadly", "work", {"n": 1})), Message.assistant("survived")])
     fleet.start_reaper()
-    fleet.client.enqueue("jobs", "go", session_id="poison")
+    fleet.client.enqueue("jobs", "go", session_id="poison", require_worker=False)
     for _ in range(3):  # three workers in turn die running the call (each trigger fires once)
         fleet.kill_on("tool:deadly")
         fleet.start_worker().process.wait(timeout=60)
@@ -138,7 +138,7 @@ def test_a_tool_call_that_kills_its_worker_every_time_gets_an_error_result(fleet
 def test_a_model_turn_that_kills_its_worker_every_time_parks_the_session(fleet: Fleet) -> None:
     fleet.script("sick", [tool_turn(("x", "work", {"n": 1})), Message.assistant("never")])
     fleet.start_reaper()
-    fleet.client.enqueue("jobs", "go", session_id="sick")
+    fleet.client.enqueue("jobs", "go", session_id="sick", require_worker=False)
     for _ in range(3):  # three workers in turn die while the model answers turn 1
         fleet.kill_on("model:sick:1")
         fleet.start_worker().process.wait(timeout=60)

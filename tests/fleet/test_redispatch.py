@@ -43,7 +43,7 @@ def test_a_requeue_sends_again_only_the_calls_no_copy_of_which_is_queued(
                      settings=FleetSettings(queue=fleet.queue, lease_ttl_s=2.0))  # fmt: skip
     runtime: Any = app.lousho_runtime
     request.addfinalizer(runtime.close)
-    fleet.client.enqueue("jobs", "go", session_id="r")
+    fleet.client.enqueue("jobs", "go", session_id="r", require_worker=False)
     fleet.redis.delete(fleet.queue)  # the model turn's message: this test is the worker that took it
 
     assert runtime.run(SessionSteps(runtime, "r").advance(expected_turn=1)) == "tools-dispatched"

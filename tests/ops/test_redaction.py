@@ -26,7 +26,7 @@ from lousho.settings import LoushoSettings, store_from_url
 from lousho.stores.redis import RedisStore
 from lousho.stores.sql import SqlStore
 from lousho.testing.redis_server import RedisServer
-from lousho.worker import broker_url
+from lousho.worker import FleetSettings, broker_url
 from tests.ops.conftest import LOUSHO, ROOT, run_clean
 
 SECRET = "s3cr3t-PW-9f"
@@ -172,9 +172,10 @@ def test_a_user_name_is_not_masked_out_of_the_driver_message() -> None:
 
 def test_a_wrong_broker_password_is_a_typed_error_without_the_password(password_redis: str) -> None:
     store = RedisStore(f"unix://:{SECRET}@{password_redis}?db=0", prefix="redaction:")
-    client = Client(broker=broker_url(f"unix://:wrong-{SECRET}@{password_redis}?db=0"), store=store)
+    broker = broker_url(f"unix://:wrong-{SECRET}@{password_redis}?db=0")
+    client = Client(broker=broker, store=store, settings=FleetSettings(queue="redaction"))  # sent ahead of workers
     with pytest.raises(StoreUnavailableError) as caught:
-        client.enqueue("helper", "hi", session_id="s1")
+        client.enqueue("helper", "hi", session_id="s1", require_worker=False)
     assert_hidden(str(caught.value), f"redis+socket://:***@{password_redis}", "'s1'")
     assert store.checkpoints.load("s1") is not None  # saved first: the reaper sends it once the broker takes it
 

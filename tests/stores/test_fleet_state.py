@@ -29,7 +29,7 @@ def test_a_client_gives_its_saves_the_lease_deadline_and_leaves_the_store_it_was
     assert client.store.checkpoints.reader is store.checkpoints.reader, "one cache for both"
 
     now = index.server_time_ms()
-    client.enqueue("agent", "hello", session_id="by-client")
+    client.enqueue("agent", "hello", session_id="by-client", require_worker=False)
     store.checkpoints.save("by-store", sample_checkpoint("by-store").model_copy(update={"version": 1, "status": "in-progress"}))
     deadlines = dict(index.due(now + 600_000))
     assert now + 1_000 < deadlines["by-client"] <= index.server_time_ms() + 2_000
