@@ -75,9 +75,10 @@ def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
     return table
 
 
-def transcript_text(checkpoint: Checkpoint) -> str:
-    """`show --full`: every message whole, as plain lines that no table wraps (issue #15)."""
-    lines = [f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})"]
+def transcript_text(checkpoint: Checkpoint, status: str | None = None) -> str:
+    """`show --full`: every message whole, as plain lines that no table wraps (issue #15); `status` shown
+    instead of the checkpoint's ('parked', on the fleet)."""
+    lines = [f"{checkpoint.session_id} ({status or checkpoint.status}, step {checkpoint.step_index})"]
     lines += [message_whole(f"#{i} {m.role}", m) for i, m in enumerate(checkpoint.messages)]
     lines += [message_whole(f"- {m.role} (queued)", m) for m in checkpoint.pending_input]
     return "\n".join(lines)

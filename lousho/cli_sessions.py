@@ -22,6 +22,7 @@ from lousho.cli_render import (
     transcript_table,
     transcript_text,
 )
+from lousho.cli_status import parked_line, shown_status
 from lousho.cli_watch import follow_session, watch_sessions
 from lousho.errors import ConfigurationError, SessionNotFoundError
 from lousho.settings import LoushoSettings
@@ -101,7 +102,8 @@ def _row(
 def _cells(row: dict[str, Any]) -> list[str]:
     """A row as the table shows it (the last answer cut to one line)."""
     counts = [str(row["steps"]), str(row["messages"])]
-    return [row["session_id"], row["status"], row["agent"] or "-", *counts, short(row["last_answer"], 80)]
+    last = f"parked: {row['parked_reason']}" if row.get("parked_reason") else row["last_answer"]  # issue #15
+    return [row["session_id"], row["status"], row["agent"] or "-", *counts, short(last, 80)]
 
 
 def _table(records: Sequence[dict[str, Any]]) -> Table:
@@ -166,8 +168,9 @@ def register(app: typer.Typer) -> None:
         ),
         interval: float = typer.Option(0.5, "--interval", metavar="SECONDS", help="How often --follow looks."),
     ) -> None:
-        """A session's transcript."""
-        store = settings_of(ctx).store()
+        """A session's transcript (and, on the fleet, why it is parked)."""
+        settings = settings_of(ctx)
+        store = settings.store()
         checkpoint = _load(store, session)
         if follow:
             follow_session(lambda: _load(store, session), interval=interval)
@@ -175,10 +178,13 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(checkpoint.model_dump(mode="json"))
             return
+        status, parked = shown_status(settings, store, checkpoint)  # the status `sessions` shows (issue #15)
         if full:
-            typer.echo(transcript_text(checkpoint))
+            typer.echo(transcript_text(checkpoint, status))
         else:
-            console().print(transcript_table(checkpoint))
+            console().print(transcript_table(checkpoint, f"{session} ({status}, step {checkpoint.step_index})"))
+        if parked is not None:
+            typer.echo(parked_line(session, parked))
         if checkpoint.approval_id:  # echoed, not printed by rich: a long id is never wrapped (issue #15)
             typer.echo(f"waiting on approval {checkpoint.approval_id}: lousho approve {checkpoint.approval_id}")
 
