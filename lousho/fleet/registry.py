@@ -30,15 +30,16 @@ from lousho.stores.redis_common import redis_errors, text
 __all__ = ["LiveWorker", "ServedAgents", "WorkerRegistry", "agent_of", "app_queue"]
 
 
-def app_queue(agent_names: Iterable[str]) -> str:
-    """The queue of an app that names none (`FleetSettings.queue=None`): `lousho.<agent>[+<agent>...]`, its
-    agents' names sorted (a hash of them when that is long). Apps serving other agents get other queues, so
-    two apps on one Redis never take each other's jobs; replicas of one app share theirs (issue #15)."""
+def app_queue(prefix: str, agent_names: Iterable[str]) -> str:
+    """The queue of an app that names none (`FleetSettings.queue=None`): `<prefix>queue:<agent>[+<agent>...]`
+    (`lousho:queue:booker`), its agents' names sorted (a hash of them when that is long). Apps serving other
+    agents, or under another prefix, get other queues, so two apps on one Redis never take each other's
+    jobs; replicas of one app share theirs (issue #15)."""
     names = sorted(set(agent_names))
     joined = "+".join(names)
     if len(joined) > 100:
         joined = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-    return f"lousho.{joined}"
+    return f"{prefix}queue:{joined}"
 
 
 def agent_of(store: RedisStore, session_id: str) -> str | None:

@@ -47,7 +47,7 @@ class FleetSettings:
     """How long a finished tool call waits for the session's lease to fold its result in."""
     queue: str | None = None
     """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`). None: each app
-    its own, named after its agents (`lousho.<agent>[+<agent>...]`, `lousho.fleet.registry.app_queue`), and
+    its own, named after its agents (`lousho:queue:<agent>[+<agent>...]`, `lousho.fleet.registry.app_queue`), and
     a `Client` sends a job where a live worker serves its agent; two apps on one Redis then never take each
     other's jobs (issue #15). Name one to keep it across deploys that change the agents."""
     outbox: bool = True

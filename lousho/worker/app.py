@@ -49,7 +49,7 @@ def create_app(
     (e.g. `broker_transport_options`), on top of lousho's safe defaults: JSON only,
     `task_acks_late`, `task_reject_on_worker_lost`, `worker_prefetch_multiplier=1`, events on.
 
-    Its queue is `settings.queue`, else one named after its agents (`lousho.<agent>[+<agent>...]`), which
+    Its queue is `settings.queue`, else one named after its agents (`<prefix>queue:<agent>[+<agent>...]`), which
     `celery worker` consumes when given no `-Q`. Its workers publish which agents they serve on which
     queues (`lousho.worker.registry`), so a `Client` refuses a job no live worker serves (issue #15).
     """
@@ -58,7 +58,7 @@ def create_app(
     runtime = FleetRuntime.build(agents, store.with_inflight_deadline(settings.lease_ttl_ms), settings, provider)
     runtime.on_event = on_event
     if settings.queue is None:  # the app's own queue, named after its agents (issue #15)
-        runtime.settings = settings = dataclasses.replace(settings, queue=app_queue(runtime.agents))
+        runtime.settings = settings = dataclasses.replace(settings, queue=app_queue(store.prefix, runtime.agents))
         runtime.queue_named = False
     app = Celery(name, set_as_current=False, amqp=AMQP)  # a worker survives any bytes on its queue
     app.conf.update(celery_config(broker, settings, **celery_settings))
