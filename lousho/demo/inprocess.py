@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,21 +42,32 @@ async def _child(db: str) -> None:
     await agent.send(TRIP_REQUESTS[SESSION], session_id=SESSION)
 
 
-def _run_child_that_crashes(db: str, console: Console) -> int:
+async def _run_child_that_crashes(db: str, console: Console) -> int:
     env = {**os.environ, CRASH_ENV: "lisbon_food"}
     console.print(
         f"[bold]1.[/] A worker process starts [cyan]{SESSION}[/] and is killed with SIGKILL while it runs `find_restaurants`..."
     )
-    child = subprocess.run([sys.executable, "-m", "lousho.demo.inprocess", "--child", db], env=env, check=False)
-    console.print(f"   the process died (exit {child.returncode}); nothing in it said goodbye.")
-    return child.returncode
+    # Its own session: Ctrl-C in the terminal is the demo's to handle; on it, the demo ends the child by pid,
+    # at once, and no traceback of the child's reaches the screen (issue #15).
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lousho.demo.inprocess", "--child", db, env=env, start_new_session=True
+    )
+    try:
+        returncode = await child.wait()
+    except BaseException:  # cancelled by Ctrl-C (asyncio.run turns SIGINT into a cancellation)
+        if child.returncode is None:
+            child.kill()
+            await asyncio.shield(child.wait())
+        raise
+    console.print(f"   the process died (exit {returncode}); nothing in it said goodbye.")
+    return returncode
 
 
 async def run_demo(console: Console | None = None) -> None:
     console = console or Console()
     with tempfile.TemporaryDirectory(prefix="lousho-demo-") as folder:
         db = str(Path(folder) / "jobs.db")
-        _run_child_that_crashes(db, console)
+        await _run_child_that_crashes(db, console)
         store = SqliteStore(db)
         stored = await asyncio.to_thread(store.checkpoints.load, SESSION)
         assert stored is not None

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["WorkerProcess", "start_worker"]
+__all__ = ["WorkerProcess", "spawn_worker", "start_worker"]
 
 _LIVE: set[WorkerProcess] = set()
 
@@ -58,11 +58,15 @@ class WorkerProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def ready(self) -> bool:
+        """Whether the worker said it is ready (consuming its queue)."""
+        return "ready." in self.log()
+
 
 def start_worker(
     app: str,
     *,
-    queue: str = "lousho",
+    queue: str | None = None,
     name: str = "worker",
     env: dict[str, str] | None = None,
     cwd: str | None = None,
@@ -71,7 +75,28 @@ def start_worker(
     ready_timeout_s: float = 60.0,
     log_dir: str | None = None,
 ) -> WorkerProcess:
-    """Start `celery -A <app> worker` consuming `queue` and wait until it is ready."""
+    """Start `celery -A <app> worker` consuming `queue` (default: the app's own, issue #15) and wait until it is
+    ready: it has published the agents it serves (`lousho.worker.registry`)."""
+    worker = spawn_worker(
+        app, queue=queue, name=name, env=env, cwd=cwd, pool=pool, concurrency=concurrency, log_dir=log_dir
+    )
+    _wait_ready(worker, ready_timeout_s)
+    return worker
+
+
+def spawn_worker(
+    app: str,
+    *,
+    queue: str | None = None,
+    name: str = "worker",
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    pool: str = "solo",
+    concurrency: int = 1,
+    log_dir: str | None = None,
+) -> WorkerProcess:
+    """Start `celery -A <app> worker` consuming `queue`, without waiting for it (`WorkerProcess.ready()` says
+    when it is): a caller that must stay responsive, such as the demo on Ctrl-C (issue #15), waits itself."""
     folder = Path(log_dir or tempfile.mkdtemp(prefix="lousho-worker-"))
     log_path = folder / f"{name}.log"
     command = [
@@ -83,8 +108,7 @@ def start_worker(
         "worker",
         f"--pool={pool}",
         f"--concurrency={concurrency}",
-        "-Q",
-        queue,
+        *(["-Q", queue] if queue else []),
         "-n",
         f"{name}@%h",
         "--without-gossip",
@@ -103,14 +127,13 @@ def start_worker(
         )
     worker = WorkerProcess(name=name, process=process, log_path=log_path)
     _LIVE.add(worker)
-    _wait_ready(worker, ready_timeout_s)
     return worker
 
 
 def _wait_ready(worker: WorkerProcess, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if "ready." in worker.log():
+        if worker.ready():
             return
         if not worker.alive():
             raise RuntimeError(f"worker {worker.name} exited before it was ready:\n{worker.log()[-3000:]}")
