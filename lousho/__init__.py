@@ -42,6 +42,8 @@ from lousho.fingerprint import AgentFingerprint, Drift
 from lousho.fork import ForkPatch, ForkResult
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
+from lousho.store_bundle import StoreBundle
+from lousho.stores.mapping import mapping_store
 from lousho.stores.memory import memory_store
 from lousho.tools import Tool, ToolContext, define_tool
 from lousho.trajectory import (
@@ -128,6 +130,7 @@ __all__ = [
     "SessionAwaitingApprovalError",
     "SessionNotFoundError",
     "StoreAuthenticationError",
+    "StoreBundle",
     "StoreUnavailableError",
     "Tool",
     "ToolCall",
@@ -135,6 +138,7 @@ __all__ = [
     "Usage",
     "define_tool",
     "get_checkpoint_history",
+    "mapping_store",
     "memory_store",
     "resume_after_approval",
 ]

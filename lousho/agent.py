@@ -1,6 +1,7 @@
 """`create_agent()`: one object that sends, streams, resumes, forks and resolves approvals.
 
-With a `store` (a bundle with `.checkpoints` and `.approvals`), passing a `session_id`
+With a `store` (a `StoreBundle`: `.checkpoints`, `.approvals`, `sessions()`, `prune()`, `delete()`;
+every built-in store is one), passing a `session_id`
 checkpoints the run in `store.checkpoints`; `resume(session_id)` finishes an
 interrupted run; `approvals.resolve()` continues a paused one and keeps checkpointing
 it under its session. Without a `session_id` a run is not saved (approvals still
@@ -27,6 +28,7 @@ from lousho.executor import AgentExecutor, InputLike, ResumeOptions, resume_afte
 from lousho.fork import ForkPatch, ForkResult, fork
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, RunResult
+from lousho.store_bundle import StoreBundle
 from lousho.tools import Tool
 from lousho.trajectory import TrajectoryComparison, compare_trajectories
 
@@ -38,7 +40,7 @@ HOOKS = ("before_model", "after_model", "before_tool", "after_tool")
 def create_agent(
     *,
     provider: LLMProvider,
-    store: Any = None,
+    store: StoreBundle | None = None,
     name: str = "agent",
     model: str | Any = None,
     instructions: str | Any = "",
@@ -60,10 +62,14 @@ def create_agent(
         raise ConfigurationError(
             f"create_agent() got unknown options {', '.join(unknown)}; hooks are {', '.join(HOOKS)}"
         )
-    if store is not None and not hasattr(store, "checkpoints"):
+    if store is not None and not isinstance(store, StoreBundle):  # the protocol, not a probe (issue #16)
+        missing = [
+            part for part in ("checkpoints", "approvals", "sessions", "prune", "delete") if not hasattr(store, part)
+        ]
         raise ConfigurationError(
-            f"store must be a store bundle with .checkpoints and .approvals (for example memory_store()); "
-            f"got {type(store).__name__}"
+            f"store must be a store bundle (lousho.StoreBundle: .checkpoints, .approvals, sessions(), prune(), "
+            f"delete()), for example memory_store() or mapping_store(a_dict); got {type(store).__name__}, "
+            f"which has no {', '.join(missing)}"
         )
     if agent is not None:
         fields = name != "agent" or model is not None or instructions or tools or max_steps != 20
@@ -96,8 +102,8 @@ class DurableAgent:
 
     definition: Agent
     provider: LLMProvider
-    store: Any = None
-    """The store bundle (`.checkpoints`, `.approvals`), or None for runs that are never saved."""
+    store: StoreBundle | None = None
+    """The store bundle, or None for runs that are never saved."""
     on_agent_drift: DriftPolicy = "warn"
     approvals: AgentApprovals = field(init=False)
 
@@ -110,7 +116,7 @@ class DurableAgent:
 
     @property
     def approval_store(self) -> ApprovalStore | None:
-        return None if self.store is None else getattr(self.store, "approvals", None)
+        return None if self.store is None else self.store.approvals
 
     def _require_checkpoints(self, what: str) -> CheckpointStore:
         checkpoints = self.checkpoints

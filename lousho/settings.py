@@ -3,7 +3,7 @@
 | variable | what |
 | - | - |
 | `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise; unset: the local store (`LOUSHO_HOME`, `lousho.local_redis`) |
-| `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore) |
+| `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore), `dbm:///path.db` (the mapping store), or a scheme of `lousho.stores.registry` |
 | `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
 | `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
 | `LOUSHO_<FIELD>` | each `FleetSettings` field: `LOUSHO_QUEUE`, `LOUSHO_LEASE_TTL_S`, `LOUSHO_MAX_ATTEMPTS`, ... |
@@ -32,6 +32,7 @@ from lousho.redaction import redact_url
 
 if TYPE_CHECKING:
     from lousho.scheduler.client import Client
+    from lousho.store_bundle import StoreBundle
     from lousho.stores.redis import RedisStore
 
 __all__ = ["ChildEnv", "LoushoSettings", "default_redis_url", "fleet_env_var", "store_from_url"]
@@ -153,8 +154,8 @@ class LoushoSettings(BaseSettings):
 
         return broker_url(self.require_redis_url())
 
-    def store(self) -> Any:
-        """The store named by `LOUSHO_STORE_URL`, else the RedisStore on the fleet's Redis."""
+    def store(self) -> StoreBundle:
+        """The store named by `LOUSHO_STORE_URL` (any registered scheme), else the RedisStore on the fleet's Redis."""
         if self.store_url:
             return store_from_url(self.store_url, prefix=self.prefix)
         return self.redis_store()
@@ -187,33 +188,10 @@ def default_redis_url() -> str:
     return local_redis_url()
 
 
-def store_from_url(url: str, *, prefix: str = "lousho:") -> Any:
-    """A store bundle for a URL: redis:// or unix:// -> RedisStore, sqlite:///path -> SqliteStore,
-    postgresql://... -> SqlStore, file:///dir -> FileStore."""
-    if url.startswith(("sqlite:", "file:")) and redact_url(url) != url:  # it would become part of a path, and show
-        raise ConfigurationError(
-            f"the store URL {redact_url(url)!r} names a file or folder: it takes no user or password"
-        )
-    if url.startswith(_REDIS_SCHEMES):
-        from lousho.stores.redis import RedisStore
+def store_from_url(url: str, *, prefix: str = "lousho:") -> StoreBundle:
+    """The store bundle a URL names, by its scheme (`lousho.stores.registry`, issue #16): redis://, rediss://
+    or unix:// -> RedisStore, sqlite:///path -> SqliteStore, postgresql://... -> SqlStore, file:///dir ->
+    FileStore, dbm:///path -> the mapping store on a dbm file, and any scheme registered with `register_store`."""
+    from lousho.stores.registry import open_store
 
-        return RedisStore(url, prefix=prefix)
-    if url.startswith("sqlite:///"):
-        from lousho.stores.sql import SqliteStore
-
-        return SqliteStore(url[len("sqlite:///") :])
-    if url.startswith(("postgresql://", "postgresql+", "postgres://")):
-        from lousho.stores.sql import SqlStore
-
-        if url.startswith("postgres://"):
-            url = "postgresql://" + url[len("postgres://") :]
-        if url.startswith("postgresql://"):  # psycopg 3 is the driver lousho's postgres extra installs
-            url = "postgresql+psycopg://" + url[len("postgresql://") :]
-        return SqlStore(url)
-    if url.startswith("file://"):
-        from lousho.stores.file import FileStore
-
-        return FileStore(url[len("file://") :] or ".")
-    raise ConfigurationError(
-        f"unknown store URL {redact_url(url)!r}: use redis://host:port/db, sqlite:///path.db, postgresql://user@host/db or file:///dir"
-    )
+    return open_store(url, prefix=prefix)

@@ -1,4 +1,5 @@
-"""Stores: where checkpoints and approvals live. Each bundle has `.checkpoints` and `.approvals`.
+"""Stores: where checkpoints and approvals live. Each is a `lousho.StoreBundle` (`.checkpoints`, `.approvals`,
+`sessions()`, `prune()`, `delete()`), and a store URL opens one (`lousho.stores.registry`, issue #16).
 
 The SQL, file and Redis stores load on first use, so `import lousho` does not import
 SQLAlchemy or redis-py.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lousho.stores.mapping import MappingStore, dbm_store, mapping_store
 from lousho.stores.memory import MemoryApprovalStore, MemoryCheckpointStore, MemoryStore, memory_store
+from lousho.stores.registry import open_store, register_store
 
 if TYPE_CHECKING:
     from lousho.stores.file import FileStore
@@ -18,13 +21,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FileStore",
+    "MappingStore",
     "MemoryApprovalStore",
     "MemoryCheckpointStore",
     "MemoryStore",
     "RedisStore",
     "SqlStore",
     "SqliteStore",
+    "dbm_store",
+    "mapping_store",
     "memory_store",
+    "open_store",
+    "register_store",
 ]
 
 _LAZY = {

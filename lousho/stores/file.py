@@ -30,11 +30,12 @@ from lousho.stores.file_approvals import FileApprovalStore
 from lousho.stores.file_checkpoints import FileCheckpointStore, FilePruned
 from lousho.stores.file_folder import Folder, atomic_write
 
-__all__ = ["FileApprovalStore", "FileCheckpointStore", "FilePruned", "FileStore", "atomic_write"]
+__all__ = ["FileApprovalStore", "FileCheckpointStore", "FilePruned", "FileStore", "atomic_write", "open_url"]
 
 
 class FileStore:
-    """A store bundle in one folder: `.checkpoints` and `.approvals` (created if missing)."""
+    """A store bundle (`lousho.StoreBundle`) in one folder (created if missing): `.checkpoints`, `.approvals`,
+    `sessions()`, `prune()`, `delete()`."""
 
     def __init__(self, dir: str | os.PathLike[str] = "./.lousho/store", *, history_limit: int = 50) -> None:
         folder = Folder(dir)
@@ -48,5 +49,15 @@ class FileStore:
     def prune(self, older_than: datetime | timedelta) -> FilePruned:
         return self.checkpoints.prune(older_than)
 
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.checkpoints.delete(session_id, keep_history)
+
     def __repr__(self) -> str:
         return f"FileStore({str(self.dir)!r})"
+
+
+def open_url(url: str, *, prefix: str = "lousho:") -> FileStore:
+    """`file:///abs/dir` or `file://./relative/dir`, the store registry's opener."""
+    from lousho.stores.registry import local_path
+
+    return FileStore(local_path(url, "file"))

@@ -27,36 +27,31 @@ import uuid
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from lousho.approvals import utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import CorruptCheckpointError, SDKError
+from lousho.store_bundle import Pruned
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_messages import Extent, append_lines, read_lines
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.segments import (
     Head,
     Known,
-    Segments,
     SessionCache,
     Transcript,
-    common_prefix,
     encode_record,
     extend_segments,
-    kept_segments,
+    plan_save,
     split_record,
-    text_prefix,
 )
 
 __all__ = ["FileCheckpointStore", "FilePruned"]
 
 
-class FilePruned(NamedTuple):
-    """What `prune()` removed."""
-
-    checkpoints: int
-    history: int
+FilePruned = Pruned
+"""What `prune()` removed (the name FileStore used before every store shared `Pruned`, issue #16)."""
 
 
 def _extent(head: Head) -> Extent:
@@ -104,7 +99,14 @@ class FileCheckpointStore:
             extent = _extent(head)
         else:  # none (or an older layout's): what the history kept uses
             extent = max((_extent(h) for h in _entry_heads(_parse_lines(entries))), default=(0, 0))
-        segments, texts = self._plan(session_id, name, checkpoint, head, extent)
+        messages = self._messages_path(name)
+        segments, texts = plan_save(
+            self._cache,
+            session_id,
+            checkpoint,
+            head,
+            lambda h: Transcript(session_id, read_lines(session_id, messages, extent)).texts(h.segments),
+        )
         lines, size = append_lines(session_id, self._messages_path(name), extent, texts)
         segments = extend_segments(segments, extent[0], len(texts))
         record = encode_record(checkpoint, writer, segments, n=lines, b=size)
@@ -125,26 +127,6 @@ class FileCheckpointStore:
             data["messages"] = []
         check_version(session_id, decode_checkpoint(session_id, data).version, checkpoint)
         return head
-
-    def _plan(
-        self, session_id: str, name: str, checkpoint: Checkpoint, head: Head | None, extent: Extent
-    ) -> tuple[Segments, list[str]]:
-        """The stored lines the new transcript keeps, and the JSON of the messages to append.
-
-        Known head: the kept prefix by identity, only the new messages serialized. Otherwise the
-        whole transcript is serialized and compared with the stored one (the file read once)."""
-        known = self._cache.reusable(session_id, checkpoint.version - 1, head)
-        if known is not None and head is not None:
-            keep = common_prefix(known.messages, checkpoint.messages)
-            kept = kept_segments(head.segments, keep)
-            if kept is not None:
-                return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
-        texts = [m.model_dump_json() for m in checkpoint.messages]
-        if head is None or not head.segments:
-            return [], texts
-        stored = Transcript(session_id, read_lines(session_id, self._messages_path(name), extent))
-        keep = text_prefix(stored.texts(head.segments), texts)
-        return kept_segments(head.segments, keep) or [], texts[keep:]
 
     # -- load ------------------------------------------------------------------------------
 

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
 
 from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptCheckpointError
 from lousho.messages import Message
+from lousho.store_bundle import Pruned, cutoff_of
 from lousho.stores.listing import Listing, read_each, waiting
+
+if TYPE_CHECKING:
+    from lousho.stores.mapping import MappingStore
 
 __all__ = ["MemoryApprovalStore", "MemoryCheckpointStore", "MemoryStore", "memory_store"]
 
@@ -65,6 +72,8 @@ class MemoryCheckpointStore:
         self._latest: dict[str, _Record | str] = {}
         self._versions: dict[str, int] = {}
         self._history: dict[str, deque[tuple[str, _Record]]] = {}
+        self._saved_at: dict[str, datetime] = {}
+        """When each latest checkpoint was saved: what `prune()` compares (issue #16)."""
         self._lock = threading.Lock()
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
@@ -75,9 +84,10 @@ class MemoryCheckpointStore:
             record = _Record(head, transcript, len(checkpoint.messages))
             self._latest[session_id] = record
             self._versions[session_id] = checkpoint.version
+            saved_at = self._saved_at[session_id] = datetime.fromisoformat(utc_now())
             if self.history_limit > 0:
                 ring = self._history.setdefault(session_id, deque(maxlen=self.history_limit))
-                ring.appendleft((utc_now(), record))
+                ring.appendleft((saved_at.isoformat(), record))
 
     def load(self, session_id: str) -> Checkpoint | None:
         stored = self._latest.get(session_id)
@@ -91,6 +101,7 @@ class MemoryCheckpointStore:
         with self._lock:
             self._latest.pop(session_id, None)
             self._versions.pop(session_id, None)
+            self._saved_at.pop(session_id, None)
             if not keep_history:
                 self._history.pop(session_id, None)
 
@@ -117,24 +128,60 @@ class MemoryCheckpointStore:
 
         return read_each(sorted(self._latest.items()), matching, what="session")
 
+    def prune(self, older_than: datetime | timedelta) -> Pruned:
+        """Remove finished checkpoints last saved before the cutoff and history entries saved before it;
+        unfinished sessions stay (issue #16: the same `prune()` as every other store)."""
+        cutoff = cutoff_of(older_than)
+        removed = dropped = 0
+        with self._lock:
+            for session_id, saved_at in list(self._saved_at.items()):
+                stored = self._latest[session_id]
+                head = stored.head if isinstance(stored, _Record) else stored
+                if saved_at < cutoff and _status(session_id, head) == "finished":
+                    del self._latest[session_id], self._versions[session_id], self._saved_at[session_id]
+                    removed += 1
+            for session_id, ring in list(self._history.items()):
+                kept = [(stamp, record) for stamp, record in ring if datetime.fromisoformat(stamp) >= cutoff]
+                dropped += len(ring) - len(kept)
+                if kept:
+                    self._history[session_id] = deque(kept, maxlen=ring.maxlen)
+                else:
+                    del self._history[session_id]
+        return Pruned(checkpoints=removed, history=dropped)
+
     def put_raw(self, session_id: str, raw: str) -> None:
         """Store a raw value as the latest checkpoint (tests of corrupt, foreign and old records)."""
         self._latest[session_id] = raw
+        self._saved_at[session_id] = datetime.fromisoformat(utc_now())
+
+
+def _status(session_id: str, head: str) -> str | None:
+    """The status of a stored head; None when it cannot be read (such a record is never pruned)."""
+    try:
+        return decode_checkpoint(session_id, head).status
+    except CorruptCheckpointError:
+        return None
 
 
 class MemoryApprovalStore:
-    """Approval snapshots by id; `decide` is atomic across threads."""
+    """Approval snapshots by id; `decide` is atomic across threads.
 
-    def __init__(self) -> None:
-        self._snapshots: dict[str, str] = {}
-        self._lock = threading.Lock()
+    `snapshots` (approval id -> snapshot JSON) and `lock` let the mapping store keep its approvals
+    in the user's mapping with this very code (issue #16); by default a dict of this process."""
+
+    def __init__(
+        self, snapshots: MutableMapping[str, str] | None = None, *, lock: threading.RLock | None = None
+    ) -> None:
+        self._snapshots: MutableMapping[str, str] = {} if snapshots is None else snapshots
+        self._lock = lock or threading.RLock()
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         with self._lock:
             self._snapshots[snapshot.id] = snapshot.model_dump_json()
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
-        raw = self._snapshots.get(approval_id)
+        with self._lock:
+            raw = self._snapshots.get(approval_id)
         return None if raw is None else decode_snapshot(approval_id, raw)
 
     def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
@@ -162,7 +209,9 @@ class MemoryApprovalStore:
 
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
-        return waiting(read_each(list(self._snapshots.items()), decode_snapshot, what="approval"), session_id)
+        with self._lock:
+            stored = list(self._snapshots.items())
+        return waiting(read_each(stored, decode_snapshot, what="approval"), session_id)
 
     def put_raw(self, approval_id: str, raw: str) -> None:
         """Store a raw value as an approval snapshot (tests of corrupt records)."""
@@ -172,12 +221,39 @@ class MemoryApprovalStore:
 
 @dataclass(kw_only=True)
 class MemoryStore:
-    """A store bundle: `.checkpoints` and `.approvals`."""
+    """A store bundle (`lousho.StoreBundle`): `.checkpoints`, `.approvals`, `sessions()`, `prune()`, `delete()`."""
 
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     approvals: MemoryApprovalStore = field(default_factory=MemoryApprovalStore)
 
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        return self.checkpoints.sessions(status)
 
-def memory_store(history_limit: int = 50) -> MemoryStore:
-    """Checkpoints (with a history ring of `history_limit` saves per session) and approvals, in memory."""
+    def prune(self, older_than: datetime | timedelta) -> Pruned:
+        return self.checkpoints.prune(older_than)
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.checkpoints.delete(session_id, keep_history)
+
+
+@overload
+def memory_store(history_limit: int = 50) -> MemoryStore: ...
+
+
+@overload
+def memory_store(history_limit: int = 50, *, storage: MutableMapping[Any, Any]) -> MappingStore: ...
+
+
+def memory_store(
+    history_limit: int = 50, *, storage: MutableMapping[Any, Any] | None = None
+) -> MemoryStore | MappingStore:
+    """Checkpoints (with a history ring of `history_limit` saves per session) and approvals, in memory.
+
+    With `storage` (a dict, a `shelve`, a `dbm`: any mapping of str keys to str values), they live in that
+    mapping instead, as JSON text: the mapping store, `mapping_store(storage)` (the reference's
+    `memoryStore` over a `LocalStorage`, issue #16)."""
+    if storage is not None:
+        from lousho.stores.mapping import MappingStore  # it builds on this module
+
+        return MappingStore(storage, history_limit=history_limit)
     return MemoryStore(checkpoints=MemoryCheckpointStore(history_limit=history_limit), approvals=MemoryApprovalStore())

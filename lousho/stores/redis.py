@@ -18,20 +18,25 @@ from __future__ import annotations
 
 import copy
 import os
+from datetime import datetime, timedelta
 from typing import Any
 
 import redis
 
 from lousho.errors import ConfigurationError
+from lousho.store_bundle import Pruned
+from lousho.stores.listing import Listing
 from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
+from lousho.stores.redis_prune import prune_sessions
 
-__all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore"]
+__all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore", "open_url"]
 
 
 class RedisStore:
-    """A store bundle on one Redis: `.checkpoints`, `.approvals`, and the `.client` they share.
+    """A store bundle (`lousho.StoreBundle`) on one Redis: `.checkpoints`, `.approvals`, `sessions()`,
+    `prune()`, `delete()`, and the `.client` they share.
 
     - `prefix`: every key starts with it (default `lousho:`); sessions are hash-tagged under it.
     - `history_limit`: saves kept per session in the history ring (0 keeps none).
@@ -102,6 +107,17 @@ class RedisStore:
         )
         return view
 
+    def sessions(self, status: str | None = None) -> Listing[str]:
+        return self.checkpoints.sessions(status)
+
+    def prune(self, older_than: datetime | timedelta) -> Pruned:
+        """Remove finished checkpoints saved before the cutoff (and their fleet keys), history entries saved
+        before it, and the messages of sessions left with neither (`lousho.stores.redis_prune`)."""
+        return prune_sessions(self.client, self.keys, older_than)
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.checkpoints.delete(session_id, keep_history)
+
     @classmethod
     def from_env(cls, variable: str = "REDIS_URL", **options: Any) -> RedisStore:
         """A store for the URL in `$REDIS_URL` (or `variable`); a missing variable is a clear error."""
@@ -122,3 +138,8 @@ class RedisStore:
 
     def __repr__(self) -> str:
         return f"RedisStore({describe(self.client)}, prefix={self.prefix!r}, history_limit={self.history_limit})"
+
+
+def open_url(url: str, *, prefix: str = "lousho:") -> RedisStore:
+    """`redis://`, `rediss://` or `unix://` (the store registry's opener)."""
+    return RedisStore(url, prefix=prefix)

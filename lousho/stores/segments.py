@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,7 @@ __all__ = [
     "extend_segments",
     "kept_segments",
     "parse_message",
+    "plan_save",
     "split_record",
     "text_prefix",
 ]
@@ -206,6 +207,32 @@ def extend_segments(segments: Segments, base: int, count: int) -> Segments:
     if segments and sum(segments[-1]) == base:
         return [*segments[:-1], (segments[-1][0], segments[-1][1] + count)]
     return [*segments, (base, count)]
+
+
+def plan_save(
+    cache: SessionCache,
+    session_id: str,
+    checkpoint: Checkpoint,
+    head: Head | None,
+    stored_texts: Callable[[Head], Sequence[str | None]],
+) -> tuple[Segments, list[str]]:
+    """What a save stores: the segments of the stored head the new transcript keeps, and the JSON of
+    the messages to append (SqlStore, FileStore and the mapping store share it, issue #16).
+
+    A head this process wrote or read last (`cache`): the kept prefix found by identity, only the new
+    messages serialized. Otherwise the whole transcript is serialized and compared with the stored
+    one, `stored_texts(head)`: the JSON of each message the head names, read once."""
+    known = cache.reusable(session_id, checkpoint.version - 1, head)
+    if known is not None and head is not None:
+        keep = common_prefix(known.messages, checkpoint.messages)
+        kept = kept_segments(head.segments, keep)
+        if kept is not None:
+            return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
+    texts = [m.model_dump_json() for m in checkpoint.messages]
+    if head is None or not head.segments:
+        return [], texts
+    keep = text_prefix(stored_texts(head), texts)
+    return kept_segments(head.segments, keep) or [], texts[keep:]
 
 
 @dataclass(frozen=True)

@@ -23,16 +23,26 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lousho.errors import StoreUnavailableError
+from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.stores.sql_approvals import SqlApprovalStore
 from lousho.stores.sql_checkpoints import Pruned, SqlCheckpointStore
 from lousho.stores.sql_database import SQLITE_BUSY_TIMEOUT_MS, SqlDatabase
 
-__all__ = ["SQLITE_BUSY_TIMEOUT_MS", "Pruned", "SqlApprovalStore", "SqlCheckpointStore", "SqlStore", "SqliteStore"]
+__all__ = [
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "Pruned",
+    "SqlApprovalStore",
+    "SqlCheckpointStore",
+    "SqlStore",
+    "SqliteStore",
+    "open_sqlite_url",
+    "open_url",
+]
 
 
 class SqlStore:
-    """A store bundle on SQLite or PostgreSQL: `.checkpoints` and `.approvals`.
+    """A store bundle (`lousho.StoreBundle`) on SQLite or PostgreSQL: `.checkpoints`, `.approvals`,
+    `sessions()`, `prune()`, `delete()`.
 
     `url` is an SQLAlchemy URL (`sqlite:///path.db`, `postgresql+psycopg://user:pw@host/db`);
     `schema` puts the tables in a PostgreSQL schema (created if missing);
@@ -69,6 +79,9 @@ class SqlStore:
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         return self.checkpoints.prune(older_than)
 
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.checkpoints.delete(session_id, keep_history)
+
     def close(self) -> None:
         """Close pooled connections (the store opens new ones if used again)."""
         self._db.engine.dispose()
@@ -92,3 +105,22 @@ class SqliteStore(SqlStore):
         super().__init__(
             sa.URL.create("sqlite", database=str(file)), history_limit=history_limit, sqlite_synchronous=synchronous
         )
+
+
+def open_sqlite_url(url: str, *, prefix: str = "lousho:") -> SqliteStore:
+    """`sqlite:///path.db` (SQLAlchemy's form: `sqlite:////abs/path.db`), the store registry's opener."""
+    from lousho.stores.registry import local_path
+
+    path = local_path(url, "sqlite")
+    if not path.startswith("/"):
+        raise ConfigurationError(f"the store URL {url!r} needs three slashes: sqlite:///path.db")
+    return SqliteStore(path[1:])
+
+
+def open_url(url: str, *, prefix: str = "lousho:") -> SqlStore:
+    """`postgresql://...` or `postgres://...` (psycopg 3, the driver of lousho's postgres extra, unless the
+    URL names one: `postgresql+psycopg2://`), the store registry's opener."""
+    scheme, _, rest = url.partition("://")
+    if "+" not in scheme:
+        scheme = "postgresql+psycopg"
+    return SqlStore(f"{scheme}://{rest}")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import exc
@@ -32,31 +32,22 @@ from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.store_bundle import Pruned
 from lousho.stores.listing import Listing
 from lousho.stores.segments import (
     Head,
     Known,
-    Segments,
     SessionCache,
     Transcript,
-    common_prefix,
     encode_record,
     extend_segments,
-    kept_segments,
+    plan_save,
     split_record,
-    text_prefix,
 )
 from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
 from lousho.stores.sql_transcripts import MessageRows
 
 __all__ = ["Pruned", "SqlCheckpointStore"]
-
-
-class Pruned(NamedTuple):
-    """What `prune()` removed."""
-
-    checkpoints: int
-    history: int
 
 
 class _Statements:
@@ -108,7 +99,14 @@ class SqlCheckpointStore:
         found = None if row is None else int(row.version)
         if found != previous and not (found is None and previous == 0):
             raise CheckpointConflictError(session_id, previous, found)
-        segments, texts = self._plan(conn, session_id, checkpoint, None if row is None else _head_of(row.data))
+        head = None if row is None else _head_of(row.data)
+        segments, texts = plan_save(
+            self._cache,
+            session_id,
+            checkpoint,
+            head,
+            lambda h: self._rows.read(conn, session_id, [h]).texts(h.segments),
+        )
         base = self._rows.append(conn, session_id, texts)
         record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)))
         now = naive_utc_now()
@@ -121,25 +119,6 @@ class SqlCheckpointStore:
             history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
             conn.execute(sql.push, {**history, "saved_at": now, "data": record})
             conn.execute(sql.trim(self.history_limit), {"sid": session_id})
-
-    def _plan(
-        self, conn: Connection, session_id: str, checkpoint: Checkpoint, head: Head | None
-    ) -> tuple[Segments, list[str]]:
-        """The stored segments the new transcript keeps, and the JSON of the messages to append.
-
-        Known head: the kept prefix by identity, only the new messages serialized. Otherwise the
-        whole transcript is serialized and compared with the stored one (read once)."""
-        known = self._cache.reusable(session_id, checkpoint.version - 1, head)
-        if known is not None and head is not None:
-            keep = common_prefix(known.messages, checkpoint.messages)
-            kept = kept_segments(head.segments, keep)
-            if kept is not None:
-                return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
-        texts = [m.model_dump_json() for m in checkpoint.messages]
-        if head is None or not head.segments:
-            return [], texts
-        keep = text_prefix(self._rows.read(conn, session_id, [head]).texts(head.segments), texts)
-        return kept_segments(head.segments, keep) or [], texts[keep:]
 
     def _version(self, conn: Connection, session_id: str) -> int | None:
         table = self._db.checkpoints

@@ -1,25 +1,35 @@
-"""The store contract, run on every built-in store: memory, SQLite, PostgreSQL and files."""
+"""The store contract, run on every built-in store: memory, SQLite, PostgreSQL, files and the mapping store
+on a dict, a shelve and a dbm file (issue #16; Redis: test_redis_contract.py)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from lousho.stores.file import FileCheckpointStore, FileStore
+from lousho.stores.mapping_checkpoints import MappingCheckpointStore
 from lousho.stores.memory import MemoryCheckpointStore, memory_store
 from lousho.stores.sql import SqlCheckpointStore
 from lousho.testing.store_contract import StoreContract
+from tests.stores.mappings import MAPPINGS, mapping_stores
 
-BACKENDS = ["memory", "sqlite", "postgres", "file"]
+BACKENDS = ["memory", "sqlite", "postgres", "file", *(f"mapping-{kind}" for kind in MAPPINGS)]
 
 
 class TestBuiltInStores(StoreContract):
     @pytest.fixture(params=BACKENDS)
-    def store_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
+    def store_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+        if request.param.startswith("mapping-"):
+            with mapping_stores(request.param.removeprefix("mapping-"), tmp_path) as make:
+                yield make
+            return
+        yield self._factory(request, tmp_path)
+
+    def _factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
         backend = request.param
         if backend == "memory":
             return memory_store
@@ -36,7 +46,7 @@ class TestBuiltInStores(StoreContract):
         return make_file_store
 
     def write_raw(self, checkpoints: Any, session_id: str, raw: str | bytes) -> None:
-        if isinstance(checkpoints, FileCheckpointStore):
+        if isinstance(checkpoints, (FileCheckpointStore, MappingCheckpointStore)):
             checkpoints.put_raw(session_id, raw)
             return
         if isinstance(raw, bytes):
@@ -54,6 +64,6 @@ class TestBuiltInStores(StoreContract):
         approvals.put_raw(approval_id, raw)
 
     def read_raw(self, checkpoints: Any, session_id: str) -> str | bytes | None:
-        if isinstance(checkpoints, (FileCheckpointStore, SqlCheckpointStore)):
+        if isinstance(checkpoints, (FileCheckpointStore, SqlCheckpointStore, MappingCheckpointStore)):
             return checkpoints.get_raw(session_id)
         return checkpoints._latest.get(session_id)  # type: ignore[no-any-return]

@@ -15,14 +15,16 @@ to also run the history-ring bounds. Each class is one part of the contract:
 - `VersionedStoreContract`: compare-and-set on `checkpoint.version`.
 - `HistoryStoreContract`: the optional `history()` ring.
 - `ApprovalStoreContract`: the approval store (`store.approvals`).
-- `StoreContract`: all four, what the built-in stores pass.
+- `StoreBundleContract`: the bundle as a whole (`lousho.StoreBundle`: `sessions(status=)`, `prune()`,
+  `delete()`); skipped for a bare checkpoint store (issue #16).
+- `StoreContract`: all five, what the built-in stores pass.
 
 Store methods may be sync or async; awaitables run on an event loop owned by the test
 (no pytest-asyncio needed). The optional hooks `write_raw` / `read_raw` let the suite
 plant old, corrupt and foreign records; tests that need a hook skip without it.
 
 Layout: `samples` (sample records, `race`), `base` (`StoreContractBase`), `checkpoints`,
-`history` and `approvals` (one part each). `pytest.register_assert_rewrite(
+`history`, `approvals` and `bundle` (one part each). `pytest.register_assert_rewrite(
 "lousho.testing.store_contract")` covers all of them.
 """
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from lousho.testing.store_contract.approvals import ApprovalStoreContract
 from lousho.testing.store_contract.base import StoreContractBase
+from lousho.testing.store_contract.bundle import StoreBundleContract
 from lousho.testing.store_contract.checkpoints import CheckpointStoreContract, VersionedStoreContract
 from lousho.testing.store_contract.history import HistoryStoreContract
 from lousho.testing.store_contract.samples import WRITERS, race, sample_checkpoint, sample_snapshot
@@ -38,6 +41,7 @@ __all__ = [
     "ApprovalStoreContract",
     "CheckpointStoreContract",
     "HistoryStoreContract",
+    "StoreBundleContract",
     "StoreContract",
     "StoreContractBase",
     "VersionedStoreContract",
@@ -48,5 +52,7 @@ __all__ = [
 ]
 
 
-class StoreContract(CheckpointStoreContract, VersionedStoreContract, HistoryStoreContract, ApprovalStoreContract):
+class StoreContract(
+    CheckpointStoreContract, VersionedStoreContract, HistoryStoreContract, ApprovalStoreContract, StoreBundleContract
+):
     """Everything the built-in stores pass."""

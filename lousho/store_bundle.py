@@ -1,0 +1,69 @@
+"""`StoreBundle`: what every built-in store is, one shape for all of them (issue #16).
+
+A bundle holds a session's checkpoints (with their history ring) and the approvals its runs wait
+on, and manages sessions as a whole: `sessions(status=)`, `prune()`, `delete()`. `create_agent`,
+the CLI (through `LoushoSettings.store()` and the URL registry `lousho.stores.registry`) and the
+contract suite rely on this shape instead of probing each store with `hasattr`.
+
+It lives beside `CheckpointStore` and `ApprovalStore`, not in `lousho.stores`, so the run loop can
+name it without importing a store (the import contracts in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import NamedTuple, Protocol, runtime_checkable
+
+from lousho.approvals import ApprovalStore
+from lousho.checkpoint import CheckpointStore, HistoryEntry
+
+__all__ = ["BundleCheckpoints", "Pruned", "StoreBundle", "cutoff_of"]
+
+
+class Pruned(NamedTuple):
+    """What `prune()` removed: latest checkpoints, and history entries."""
+
+    checkpoints: int
+    history: int
+
+
+@runtime_checkable
+class BundleCheckpoints(CheckpointStore, Protocol):
+    """A bundle's checkpoint store: `CheckpointStore` with the history ring (so it can fork) and a listing."""
+
+    def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]: ...
+
+    def sessions(self, status: str | None = None) -> list[str]: ...
+
+
+@runtime_checkable
+class StoreBundle(Protocol):
+    """A store bundle: memory, SQLite/PostgreSQL (`SqlStore`), files, Redis and mappings are all one.
+
+    - `checkpoints`: the session's latest checkpoint and its history ring (`BundleCheckpoints`).
+    - `approvals`: the approval snapshots paused runs wait on (`ApprovalStore`).
+    - `sessions(status=None)`: the session ids with a latest checkpoint, sorted, optionally of one
+      status; a `lousho.stores.listing.Listing` whose `skipped` names the records it could not read.
+    - `prune(older_than)`: remove finished checkpoints last saved before the cutoff, history entries
+      saved before it, and the messages of sessions left with neither; unfinished sessions stay.
+    - `delete(session_id, keep_history=False)`: forget a session (`checkpoints.delete`).
+    """
+
+    @property
+    def checkpoints(self) -> BundleCheckpoints: ...
+
+    @property
+    def approvals(self) -> ApprovalStore: ...
+
+    def sessions(self, status: str | None = None) -> list[str]: ...
+
+    def prune(self, older_than: datetime | timedelta) -> Pruned: ...
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None: ...
+
+
+def cutoff_of(older_than: datetime | timedelta) -> datetime:
+    """`prune()`'s cutoff as an aware UTC time: now minus a timedelta, or the datetime given (naive: UTC)."""
+    if isinstance(older_than, timedelta):
+        return datetime.now(UTC) - older_than
+    return older_than if older_than.tzinfo else older_than.replace(tzinfo=UTC)
