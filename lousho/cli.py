@@ -317,10 +317,11 @@ def reaper(
 
 
 def _register() -> None:
-    from lousho import cli_jobs, cli_sessions
+    from lousho import cli_eval, cli_jobs, cli_sessions
 
     cli_jobs.register(app)
     cli_sessions.register(app)
+    cli_eval.register(app)  # `lousho eval --drift A B` (issue #16)
 
 
 _register()
