@@ -133,7 +133,7 @@ def test_fleet_options_after_the_command_reach_the_fleet(redis_store: RedisStore
     queue = f"q-{redis_store.prefix.strip(':')}"
     env = {"LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": redis_store.prefix}
     try:
-        lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--queue", queue, env=env)
+        lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--queue", queue, "--no-require-worker", env=env)
         assert redis_store.client.llen(queue) == 1  # the wake-up went to the queue given after the command
     finally:
         redis_store.client.delete(queue)
@@ -144,7 +144,7 @@ def test_fleet_options_after_the_command_reach_the_fleet(redis_store: RedisStore
 def test_json_of_a_fleet_command_is_json(redis_store: RedisStore, redis_url: str) -> None:
     env = {"LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": redis_store.prefix, "LOUSHO_QUEUE": "nobody-listens"}
     try:
-        enqueued = json.loads(lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--json", env=env).stdout)
+        enqueued = json.loads(lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--json", "--no-require-worker", env=env).stdout)
     finally:
         redis_store.client.delete("nobody-listens")
     assert enqueued == {"session_id": "j-1"}
