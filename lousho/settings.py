@@ -29,10 +29,10 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from lousho.errors import ConfigurationError
 from lousho.fleet.settings import FleetSettings
 from lousho.redaction import redact_url
+from lousho.store_bundle import StoreBundle
 
 if TYPE_CHECKING:
     from lousho.scheduler.client import Client
-    from lousho.store_bundle import StoreBundle
     from lousho.stores.redis import RedisStore
 
 __all__ = ["ChildEnv", "LoushoSettings", "default_redis_url", "fleet_env_var", "store_from_url"]
