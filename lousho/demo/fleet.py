@@ -36,11 +36,11 @@ from typing import Any, cast
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from lousho.cli_render import console as default_console
-from lousho.cli_render import short, transcript_table
+from lousho.cli_render import short
+from lousho.demo import fleet_view
+from lousho.demo.fleet_view import text_of
 from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
 from lousho.local_redis import local_redis
@@ -192,8 +192,8 @@ class FleetDemo:
         for tag, message in raw.items():  # the killed worker's message (kombu would restore it in an hour)
             with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
                 if json.loads(message)[0]["properties"]["delivery_info"]["routing_key"] == queue:
-                    self.redis.hdel("unacked", _text(tag))
-                    self.redis.zrem("unacked_index", _text(tag))
+                    self.redis.hdel("unacked", text_of(tag))
+                    self.redis.zrem("unacked_index", text_of(tag))
 
     def worker_named(self, pid: int) -> WorkerProcess | None:
         with self._lock:
@@ -209,7 +209,7 @@ class FleetDemo:
                 self.on_status(session, status)
             self.statuses[session] = status
         raw = cast(dict[bytes, bytes], self.redis.hgetall(running_key(self.settings.prefix)))
-        self.running = {_text(k): json.loads(v) for k, v in raw.items()}
+        self.running = {text_of(k): json.loads(v) for k, v in raw.items()}
         self.maybe_kill()
         self.maybe_announce_replacement()
         self.maybe_approve()
@@ -281,55 +281,12 @@ class FleetDemo:
             self.approved[approval] = self.now()
             self.log(f"{session}: a human approved {approval} (Client.resolve_approval); the fleet books the table")
 
-    # -- display -----------------------------------------------------------------------
+    def workers_now(self) -> list[WorkerProcess]:
+        with self._lock:
+            return list(self.workers)
 
     def render(self) -> Group:
-        table = Table(
-            title=f"lousho fleet demo: {len(self.sessions)} trip planners, queue {self.queue}",
-            expand=False,
-        )
-        for column in ("session", "status", "step", "messages", "now", "last answer"):
-            table.add_column(column)
-        running_by_session = {e["session"]: (c, e) for c, e in self.running.items()}
-        for session in self.sessions:
-            status = self.statuses.get(session)
-            if status is None:
-                table.add_row(session, "-", "-", "-", "-", "")
-                continue
-            table.add_row(
-                session,
-                _styled(status.status),
-                str(status.steps),
-                str(status.messages),
-                self._now_of(session, status, running_by_session),
-                escape(short(status.text or "", 60)),
-            )
-        fleet = Text("workers: ")
-        with self._lock:
-            workers = list(self.workers)
-        for worker in workers:
-            state = (
-                "killed"
-                if self.kill is not None and worker.pid == self.kill.pid
-                else ("up" if worker.alive() else "stopped")
-            )
-            fleet.append(f"{worker.name} pid {worker.pid} ", style="bold")
-            fleet.append(f"{state}   ", style="red" if state == "killed" else "green")
-        return Group(table, fleet)
-
-    def _now_of(self, session: str, status: SessionStatus, running: dict[str, tuple[str, dict[str, Any]]]) -> str:
-        if status.status == "finished":
-            return "done"
-        if status.status == "awaiting-approval":
-            return "waiting for a human"
-        if session in running:
-            _, entry = running[session]
-            worker = self.worker_named(int(entry["pid"]))
-            where = worker.name if worker is not None else f"pid {entry['pid']}"
-            if worker is not None and not worker.alive():
-                return f"{entry['tool']} on {where} (dead; the reaper will requeue)"
-            return f"{entry['tool']} on {where}"
-        return "queued / model turn"
+        return fleet_view.render(self)
 
     # -- the story ---------------------------------------------------------------------
 
@@ -371,75 +328,7 @@ class FleetDemo:
         return outcome
 
     def report(self, outcome: DemoOutcome) -> None:
-        console = self.console
-        for session in self.sessions:
-            checkpoint = self.client.checkpoint(session)
-            if checkpoint is not None:
-                console.print(transcript_table(checkpoint, f"{session}: {checkpoint.status}"))
-        raw_runs = cast(dict[bytes, bytes], self.redis.hgetall(runs_key(self.settings.prefix)))
-        runs = {_text(k): int(v) for k, v in raw_runs.items()}
-        console.print("[bold]What happened[/]")
-        if outcome.ok:
-            console.print(
-                f"- All {len(self.sessions)} sessions finished in {outcome.elapsed_s:.1f}s, "
-                f"each after a human approved its booking."
-            )
-        else:
-            stuck = {s: st.status for s, st in self.statuses.items() if st.status != "finished"}
-            console.print(f"- [red]Not every session finished[/] within the time limit: {stuck}")
-            for worker in self.workers:
-                console.print(f"--- {worker.name} log ---\n{escape(worker.log()[-2000:])}")
-        kill = outcome.kill
-        if kill is not None:
-            again = runs.get(kill.call_id, 0)
-            console.print(
-                f"- Worker {kill.worker} (pid {kill.pid}) was killed with SIGKILL while running {kill.tool} "
-                f"(call {kill.call_id}) of {kill.session}."
-            )
-            if kill.requeued_after_s is not None:
-                console.print(
-                    f"- Recovered: the reaper requeued {kill.session} {kill.requeued_after_s:.1f}s later "
-                    f"(lease TTL + reaper interval); {kill.call_id} ran {again} times in all, "
-                    f"with the same tool_call_id, and its result was recorded once."
-                )
-            others = {c: n for c, n in runs.items() if c != kill.call_id and n != 1}
-            console.print(f"- Every other tool call ran exactly once{'' if not others else f' except {others}'}.")
-        else:
-            console.print("- No worker was killed (no find_restaurants call was seen running).")
-        raw_asked = cast(dict[bytes, bytes], self.redis.hgetall(asked_key(self.settings.prefix)))
-        asked = {_text(k): int(v) for k, v in raw_asked.items()}
-        twice = {turn: n for turn, n in asked.items() if n != 1}
-        if twice:
-            console.print(f"- Model turns asked more than once: {twice}")
-        else:
-            console.print(
-                f"- Each of the {len(asked)} model turns was asked once: an answer, once checkpointed, "
-                "is never asked for again, whichever worker runs the next step."
-            )
-        self.how_to_look(kill.session if kill else next(iter(self.sessions)))
-
-    def how_to_look(self, session: str) -> None:
-        """Commands that work as pasted: the sessions stay in the store the next command uses (issue #15)."""
-        console = self.console
-        console.print("[bold]How to look at it[/]")
-        if not self.local:
-            shown = redact_url(str(self.settings.redis_url))
-            console.print(f"  (in a shell with the same LOUSHO_REDIS_URL / REDIS_URL as this demo: {escape(shown)})")
-        for command, what in (
-            ("lousho sessions", "every session and its status"),
-            (f"lousho show {session}", "the transcript"),
-            (f"lousho history {session}", "every save, newest first: the steps you can fork from"),
-        ):
-            console.print(f"  {command:<32} # {what}", markup=False, highlight=False)
-
-
-def _styled(status: str) -> str:
-    color = {"finished": "green", "awaiting-approval": "yellow", "parked": "red"}.get(status, "cyan")
-    return f"[{color}]{status}[/]"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+        fleet_view.report(self, outcome)
 
 
 def run_fleet_demo(
