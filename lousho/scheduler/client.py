@@ -195,22 +195,24 @@ class Client:
         The session stays 'in-progress' and idle until new input (`enqueue`) or `resume`.
 
         False, and nothing written, when there is no run to stop: the session is finished or
-        unknown (a flag left on a finished session would mark its next run aborted: issue #21)."""
-        if not self._unfinished(session_id):
+        unknown (a flag left on a finished session would mark its next run aborted: issue #21), or
+        it waits on an approval (nothing runs: reject the approval to stop it; issue #15)."""
+        if not self._in_progress(session_id):
             return False
         flag = self.keys.abort(session_id)
         with redis_errors(self.store.client, f"set the abort flag of {session_id!r}"):
-            self.store.client.set(flag, "1")
-        if not self._unfinished(session_id):  # it finished meanwhile: take the flag back
+            # With the store's TTL from the moment it is set, as every key of the session (issue #16).
+            self.store.client.set(flag, "1", px=self.store.checkpoints.ttl_ms or None)
+        if not self._in_progress(session_id):  # it finished meanwhile: take the flag back
             with redis_errors(self.store.client, f"clear the abort flag of {session_id!r}"):
                 self.store.client.delete(flag)
             return False
         self._send_advance(session_id, "abort")
         return True
 
-    def _unfinished(self, session_id: str) -> bool:
+    def _in_progress(self, session_id: str) -> bool:
         checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
-        return checkpoint is not None and checkpoint.status != "finished"
+        return checkpoint is not None and checkpoint.status == "in-progress"
 
     def resume(self, session_id: str) -> None:
         """Continue a parked or aborted session by hand (its poison counters start over)."""

@@ -151,7 +151,8 @@ class SessionSteps:
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
         self.epoch = self.step_end.epoch = begun.epoch
-        if begun.checkpoint is None:
+        if begun.checkpoint is None:  # deleted, or expired with the store's TTL: nothing to requeue (issue #16)
+            self.runtime.inflight.drop(self.session_id)
             return "unknown-session"
         if begun.parked:
             return "parked"

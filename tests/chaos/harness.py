@@ -371,8 +371,8 @@ class Aborter:
         if self.candidates and time.monotonic() >= self.next_at:
             session = self.candidates.pop()
             checkpoint = client.checkpoint(session)
-            if checkpoint is not None and checkpoint.status == "in-progress" and checkpoint.messages:
-                client.abort(session)
+            running = checkpoint is not None and checkpoint.status == "in-progress" and checkpoint.messages
+            if running and client.abort(session):  # False: it finished or paused on an approval meanwhile
                 self.aborted.add(session)
                 self.waiting[session] = time.monotonic()
                 self.fleet.faults["aborts (then new input)"] += 1

@@ -179,11 +179,6 @@ def test_with_a_ttl_every_key_of_a_session_has_one_after_every_step(
         assert driver.client.status("aborted-7f3a").aborted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Client.abort (lousho/scheduler/client.py, not changed by issue #16's store work) sets the flag "
-    "without the store's TTL; the abort's own step gives it one (test above)",
-)
 def test_with_a_ttl_an_abort_flag_expires_from_the_moment_it_is_set(
     jobs: Jobs, redis_url: str, make_redis_store: Callable[..., RedisStore]
 ) -> None:
@@ -192,3 +187,15 @@ def test_with_a_ttl_an_abort_flag_expires_from_the_moment_it_is_set(
         driver.client.enqueue("jobs", "go", session_id="aborted-7f3a")
         assert driver.client.abort("aborted-7f3a")
         assert 0 < pttl(store, FleetKeys(store).abort("aborted-7f3a")) <= TTL_S * 1000
+
+
+def test_a_session_whose_keys_expired_leaves_the_in_flight_index_at_its_next_step(driver: FleetDriver) -> None:
+    client, store = driver.client, driver.store
+    client.enqueue("jobs", "go", session_id="gone-7f3a")
+    assert index_entries(store, "gone-7f3a")["inflight"] is not None
+    store.client.delete(*store.keys.session_keys("gone-7f3a"))  # what the store's TTL does to its record
+
+    assert driver.run_until_idle()[0][1] == "unknown-session"
+
+    # Out of the index: the reaper no longer requeues it every requeue_backoff_s, forever.
+    assert index_entries(store, "gone-7f3a") == NO_ENTRIES

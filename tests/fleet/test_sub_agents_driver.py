@@ -233,3 +233,14 @@ def test_a_parked_sub_agent_parks_its_parent_saying_why(travel: Travel, redis_ur
         driver.client.resume("trip")
         driver.run_until_idle()
         assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
+
+
+def test_aborting_a_session_paused_on_an_approval_changes_nothing(driver: FleetDriver, travel: Travel) -> None:
+    gated_trip(travel)
+    driver.client.enqueue("planner", "plan", session_id="trip")
+    driver.run_until_idle()
+
+    assert driver.client.abort("trip") is False  # nothing runs: rejecting the approval is how to stop it
+    assert driver.pending() == []
+    assert not driver.client.status("trip").aborted
+    assert driver.client.status("trip").status == "awaiting-approval"
