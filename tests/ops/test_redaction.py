@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from lousho.demo import fleet_view
 from lousho.demo.fleet import FleetDemo
 from lousho.errors import ConfigurationError, SDKError, StoreUnavailableError
 from lousho.redaction import redact_url
@@ -183,9 +184,10 @@ def test_a_wrong_broker_password_is_a_typed_error_without_the_password(password_
 def test_the_fleet_demo_prints_a_shared_redis_without_its_password(password_redis: str, tmp_path: Path) -> None:
     output = StringIO()
     url = f"unix://:{SECRET}@{password_redis}?db=0"
-    demo = FleetDemo(Console(file=output, width=300), url, shared=True, sessions={}, log_dir=str(tmp_path))
-    demo.how_to_look("s1")
-    assert_hidden(output.getvalue(), f"LOUSHO_REDIS_URL=unix://:***@{password_redis}?db=0")
+    settings = LoushoSettings(redis_url=url)
+    demo = FleetDemo(Console(file=output, width=300), settings, sessions={}, log_dir=str(tmp_path))
+    fleet_view.how_to_look(demo, "s1")
+    assert_hidden(output.getvalue(), f"LOUSHO_REDIS_URL / REDIS_URL as this demo: unix://:***@{password_redis}?db=0")
 
 
 def test_a_unix_broker_url_keeps_its_password_whole() -> None:
