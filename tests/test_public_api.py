@@ -14,9 +14,26 @@ import lousho.stores
 import lousho.worker
 
 DESIGN_NAMES = {  # DESIGN.md: 'Public API (keep these names; add freely around them)'
-    "Agent", "define_tool", "ToolContext", "AgentExecutor", "resume_after_approval", "create_agent", "memory_store",
-    "get_checkpoint_history", "compare_trajectories", "Message", "ToolCall", "Usage", "Checkpoint", "RunResult",
-    "ModelRequest", "ModelResponse", "LLMProvider", "SDKError", "SessionAwaitingApprovalError", "ConfigurationError",
+    "Agent",
+    "define_tool",
+    "ToolContext",
+    "AgentExecutor",
+    "resume_after_approval",
+    "create_agent",
+    "memory_store",
+    "get_checkpoint_history",
+    "compare_trajectories",
+    "Message",
+    "ToolCall",
+    "Usage",
+    "Checkpoint",
+    "RunResult",
+    "ModelRequest",
+    "ModelResponse",
+    "LLMProvider",
+    "SDKError",
+    "SessionAwaitingApprovalError",
+    "ConfigurationError",
     "PropagatingToolError",
 }
 
@@ -37,7 +54,16 @@ def test_the_stores_and_fleet_entry_points_are_where_design_says() -> None:
     from lousho.stores import FileStore, RedisStore, SqliteStore, SqlStore
     from lousho.worker import create_app
 
-    assert all(callable(x) for x in (ScriptedProvider, Client, FileStore, RedisStore, SqliteStore, SqlStore, create_app))
+    assert all(
+        callable(x) for x in (ScriptedProvider, Client, FileStore, RedisStore, SqliteStore, SqlStore, create_app)
+    )
+
+
+def test_the_store_bundle_protocol_and_the_mapping_store_are_exported() -> None:
+    """Issue #16: the one shape of every store, the mapping store, and the store-URL registry."""
+    assert {"StoreBundle", "mapping_store"} <= set(lousho.__all__)
+    assert {"MappingStore", "dbm_store", "mapping_store", "open_store", "register_store"} <= set(lousho.stores.__all__)
+    assert isinstance(lousho.mapping_store({}), lousho.StoreBundle)
 
 
 def test_every_error_is_an_sdk_error_with_a_code() -> None:
@@ -60,7 +86,9 @@ def test_the_web_apps_client_loads_neither_the_worker_nor_the_run_loop() -> None
     """`lousho.scheduler` (the `Client`, the reaper) needs the fleet's protocol (`lousho.fleet`), the
     stores and the engine's data types, never the agents' code (issue #14)."""
     code = "import sys, lousho.scheduler; print('\\n'.join(m for m in sys.modules if m.startswith('lousho')))"
-    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    loaded = set(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    )
     assert "lousho.scheduler.client" in loaded and "lousho.fleet" in loaded
     assert sorted(m for m in loaded if m.startswith("lousho.worker")) == []
     assert sorted(loaded & RUN_LOOP) == []
