@@ -30,7 +30,9 @@ def test_a_client_gives_its_saves_the_lease_deadline_and_leaves_the_store_it_was
 
     now = index.server_time_ms()
     client.enqueue("agent", "hello", session_id="by-client", require_worker=False)
-    store.checkpoints.save("by-store", sample_checkpoint("by-store").model_copy(update={"version": 1, "status": "in-progress"}))
+    store.checkpoints.save(
+        "by-store", sample_checkpoint("by-store").model_copy(update={"version": 1, "status": "in-progress"})
+    )
     deadlines = dict(index.due(now + 600_000))
     assert now + 1_000 < deadlines["by-client"] <= index.server_time_ms() + 2_000
     assert now + 110_000 < deadlines["by-store"] <= index.server_time_ms() + 120_000
