@@ -222,17 +222,20 @@ class DurableAgent:
         self,
         session_id: str,
         *,
-        from_step: int,
+        from_step: int | None = None,
         patch: ForkPatch | dict[str, Any] | None = None,
         new_session_id: str | None = None,
+        from_save: int | None = None,
     ) -> ForkResult:
-        """A new session from step `from_step` of `session_id`'s history; `resume()` it to run it."""
+        """A new session from step `from_step` (its newest save) or save `from_save` of `session_id`'s
+        history (`lousho history` numbers the saves); `resume()` it to run it."""
         return await fork(
             session_id=session_id,
             from_step=from_step,
             checkpoint_store=self._require_checkpoints("fork()"),
             patch=patch,
             new_session_id=new_session_id,
+            from_save=from_save,
         )
 
     async def compare(self, session_a: str, session_b: str) -> TrajectoryComparison:
@@ -264,10 +267,17 @@ class AgentSession:
         return await self.agent.resume(self.id, **options)
 
     async def fork(
-        self, *, from_step: int, patch: ForkPatch | dict[str, Any] | None = None, new_session_id: str | None = None
+        self,
+        *,
+        from_step: int | None = None,
+        patch: ForkPatch | dict[str, Any] | None = None,
+        new_session_id: str | None = None,
+        from_save: int | None = None,
     ) -> AgentSession:
-        """Fork this conversation; the fork is a session of the same agent."""
-        forked = await self.agent.fork(self.id, from_step=from_step, patch=patch, new_session_id=new_session_id)
+        """Fork this conversation (from a step's newest save, or from one save); a session of the same agent."""
+        forked = await self.agent.fork(
+            self.id, from_step=from_step, patch=patch, new_session_id=new_session_id, from_save=from_save
+        )
         return AgentSession(agent=self.agent, id=forked.session_id)
 
     async def checkpoint(self) -> Checkpoint | None:

@@ -95,18 +95,21 @@ class AgentExecutor:
     async def fork(
         *,
         session_id: str,
-        from_step: int,
+        from_step: int | None = None,
         checkpoint_store: CheckpointStore,
         patch: ForkPatch | dict[str, Any] | None = None,
         new_session_id: str | None = None,
+        from_save: int | None = None,
     ) -> ForkResult:
-        """Start a new session from a step of another session's history (reference: 'Fork and replay')."""
+        """Start a new session from a step (its newest save) or one save of another session's history
+        (reference: 'Fork and replay'; saves as `lousho history` numbers them, issue #15)."""
         return await _fork(
             session_id=session_id,
             from_step=from_step,
             checkpoint_store=checkpoint_store,
             patch=patch,
             new_session_id=new_session_id,
+            from_save=from_save,
         )
 
 

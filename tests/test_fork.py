@@ -16,11 +16,12 @@ from lousho import (
     PropagatingToolError,
     RunResult,
     ToolContext,
+    create_agent,
     define_tool,
     get_checkpoint_history,
     memory_store,
 )
-from lousho.checkpoint import Checkpoint
+from lousho.checkpoint import Checkpoint, maybe_await
 from lousho.providers.scripted import ScriptedProvider, tool_calls
 from lousho.stores.memory import MemoryCheckpointStore, MemoryStore
 from lousho.trajectory import SessionExistsError, TrajectoryComparison, compare_trajectories, fork
@@ -98,6 +99,24 @@ async def test_fork_takes_the_newest_entry_of_the_step(agent: Agent, store: Memo
     assert forked.step == 1
     assert forked.checkpoint.messages == newest_of_step_1.messages
     assert forked.checkpoint.messages[-1].role == "tool"  # the result, not the older pending-call entry
+
+
+async def test_fork_from_a_save_takes_that_save_of_the_step(agent: Agent, store: MemoryStore) -> None:
+    await run_trip(agent, store)
+    history = await get_checkpoint_history(store.checkpoints, "trip")
+    assert history is not None
+    older_of_step_1 = history[2].checkpoint  # the model's turn, before its call's result
+
+    executor_fork = await AgentExecutor.fork(
+        session_id="trip", from_save=older_of_step_1.version, checkpoint_store=store.checkpoints
+    )
+    lousho_agent = create_agent(agent=agent, store=store, provider=ScriptedProvider([]))
+    session_fork = await lousho_agent.session("trip").fork(from_save=older_of_step_1.version)
+
+    assert executor_fork.checkpoint.messages == older_of_step_1.messages
+    assert executor_fork.checkpoint.messages[-1].tool_calls  # the pending call, not its result
+    stored = await maybe_await(store.checkpoints.load(session_fork.id))
+    assert stored is not None and stored.messages == older_of_step_1.messages
 
 
 async def test_fork_is_saved_as_the_new_sessions_in_progress_checkpoint(agent: Agent, store: MemoryStore) -> None:
