@@ -25,8 +25,8 @@ def another_value(name: str) -> Any:
     kind = TYPES[name]
     if kind is bool:
         return not default
-    if kind is str:
-        return f"{default}-other"
+    if kind is str or kind == str | None:  # the queue: None names each app's own (issue #15)
+        return f"{default or 'lousho'}-other"
     if kind is int:
         return default + 2
     return (default or 1.0) + 1.25  # float, or float | None
