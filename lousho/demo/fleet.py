@@ -126,9 +126,10 @@ class FleetDemo:
     def spawn_worker(self, name: str) -> WorkerProcess:
         """Start a worker without waiting for it: the main thread stays free for Ctrl-C (issue #15)."""
         env = {**self.settings.env(), "PYTHONUNBUFFERED": "1"}
-        worker = spawn_worker(APP_MODULE, queue=self.queue, name=name, env=env, log_dir=self.log_dir)
-        with self._lock:
-            self.workers.append(worker)
+        with _ctrl_c_deferred():  # a worker is never started without being recorded, so the cleanup ends it
+            worker = spawn_worker(APP_MODULE, queue=self.queue, name=name, env=env, log_dir=self.log_dir)
+            with self._lock:
+                self.workers.append(worker)
         return worker
 
     def start_workers(self, names: list[str], timeout_s: float = 60.0) -> None:
@@ -362,3 +363,20 @@ def _second_ctrl_c_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C in the block takes effect when it ends (issue #15: one that landed between a worker's start and its
+    recording left that worker running). Only the main thread may set a signal handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and callable(previous):
+        previous(signal.SIGINT, None)  # the default handler: KeyboardInterrupt, now

@@ -51,7 +51,8 @@ class Demo:
             start_new_session=True,  # a process group of its own: the test's Ctrl-C reaches it and its group only
         )
         self.stdout: list[str] = []
-        self.seen: set[int] = set()
+        self.seen: dict[int, bytes] = {}
+        self.left: list[int] = []
         self._readers = [
             threading.Thread(target=self._read, daemon=True),
             threading.Thread(target=self._watch, daemon=True),
@@ -66,8 +67,23 @@ class Demo:
 
     def _watch(self) -> None:
         while self.process.poll() is None:
-            self.seen.update(descendants(self.process.pid))
+            self.see()
             time.sleep(0.02)
+
+    def see(self) -> None:
+        """Note every process below the demo now, with its command line (so a reused pid is never mistaken)."""
+        for pid in descendants(self.process.pid):
+            with contextlib.suppress(OSError):
+                self.seen[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()  # the latest: after its exec
+
+    def still_running(self) -> list[int]:
+        """The processes noted below the demo that still run (the same command line: no reused pid)."""
+        left = []
+        for pid, cmdline in self.seen.items():
+            with contextlib.suppress(OSError):
+                if alive(pid) and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+                    left.append(pid)
+        return sorted(left)
 
     def wait_for(self, text: str, timeout_s: float = 90.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -78,20 +94,22 @@ class Demo:
 
     def ctrl_c(self) -> tuple[float, str]:
         """SIGINT to the demo's process group (a terminal's Ctrl-C); (seconds until it exited, its stderr)."""
-        self.seen.update(descendants(self.process.pid))
+        self.see()
         sent = time.monotonic()
         os.killpg(self.process.pid, signal.SIGINT)
         try:
             self.process.wait(timeout=30)
             took = time.monotonic() - sent
+            time.sleep(0.2)  # a process SIGKILLed at the very end is reaped by now
+            self.left = self.still_running()
             assert self.process.stderr is not None
             return took, self.process.stderr.read()
         finally:
             self.end()
 
     def end(self) -> None:
-        """Whatever happened, nothing of the demo's outlives the test (by pid)."""
-        for pid in [*descendants(self.process.pid), self.process.pid]:
+        """Whatever happened, nothing of the demo's outlives the test (by pid): what it left is in `left`."""
+        for pid in [*descendants(self.process.pid), *self.still_running(), self.process.pid]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -117,9 +135,7 @@ def assert_stopped_cleanly(demo: Demo, took: float, stderr: str) -> None:
     assert "Traceback" not in out + stderr, out[-3000:] + stderr[-3000:]
     lines = stderr.strip().splitlines()
     assert lines == ["error: [LOUSHO_INTERRUPTED] the demo was stopped; every process it started has ended"], stderr
-    time.sleep(0.2)  # a process that was SIGKILLed at the very end is reaped by now
-    left = sorted(pid for pid in demo.seen if alive(pid))
-    assert left == [], f"processes the demo started are still running: {left}"
+    assert demo.left == [], f"processes the demo started were still running: {demo.left}"
 
 
 FLEET_MOMENTS = {
