@@ -307,7 +307,8 @@ def reaper(
 
     signal.signal(signal.SIGTERM, _interrupt)
     typer.echo(
-        f"lousho reaper: a pass every {client.settings.reaper_interval_s}s on {client.store!r}, queue {client.settings.queue}",
+        f"lousho reaper: a pass every {client.settings.reaper_interval_s}s on {client.store!r}, "
+        + (f"queue {client.settings.queue}" if client.settings.queue else "each session to its agent's queue"),
         err=True,
     )
     try:

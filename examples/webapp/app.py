@@ -22,8 +22,10 @@ from pydantic import BaseModel, StrictBool
 
 from lousho.approvals import ApprovalSnapshot
 from lousho.errors import (
+    AgentNotServedError,
     ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
+    ConfigurationError,
     InvalidDecisionError,
     InvalidInputError,
     InvalidSessionIdError,
@@ -91,6 +93,10 @@ _STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
     (InvalidInputError, 422),
     (InvalidDecisionError, 422),
     (StoreUnavailableError, 503),
+    # The server's side, not the request's (issue #15): no live worker serves the agent yet, or the app
+    # itself is not configured (no Redis it may use). Both say what to do in their detail.
+    (AgentNotServedError, 503),
+    (ConfigurationError, 500),
 ]
 
 
