@@ -12,12 +12,12 @@ name it without importing a store (the import contracts in pyproject.toml).
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, cast, runtime_checkable
 
 from lousho.approvals import ApprovalStore
 from lousho.checkpoint import CheckpointStore, HistoryEntry
 
-__all__ = ["BundleCheckpoints", "Pruned", "StoreBundle", "cutoff_of"]
+__all__ = ["BundleCheckpoints", "ManagedCheckpoints", "Pruned", "SessionsOfCheckpoints", "StoreBundle", "cutoff_of"]
 
 
 class Pruned(NamedTuple):
@@ -60,6 +60,36 @@ class StoreBundle(Protocol):
     def prune(self, older_than: datetime | timedelta) -> Pruned: ...
 
     def delete(self, session_id: str, keep_history: bool = False) -> None: ...
+
+
+class ManagedCheckpoints(Protocol):
+    """A checkpoint store that lists and deletes its sessions itself (every built-in one does)."""
+
+    def sessions(self, status: str | None = None) -> list[str]: ...
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None: ...
+
+
+class PrunableCheckpoints(ManagedCheckpoints, Protocol):
+    """One that prunes itself too (all but Redis', whose bundle prunes the fleet's keys as well)."""
+
+    def prune(self, older_than: datetime | timedelta) -> Pruned: ...
+
+
+class SessionsOfCheckpoints:
+    """`sessions`, `prune` and `delete` of a bundle, answered by its checkpoint store: one way for every
+    built-in bundle (a bundle that prunes more than its checkpoints, as Redis does, overrides `prune`)."""
+
+    checkpoints: ManagedCheckpoints
+
+    def sessions(self, status: str | None = None) -> list[str]:
+        return self.checkpoints.sessions(status)
+
+    def prune(self, older_than: datetime | timedelta) -> Pruned:
+        return cast(PrunableCheckpoints, self.checkpoints).prune(older_than)
+
+    def delete(self, session_id: str, keep_history: bool = False) -> None:
+        self.checkpoints.delete(session_id, keep_history)
 
 
 def cutoff_of(older_than: datetime | timedelta) -> datetime:

@@ -24,8 +24,8 @@ names are importable from here too.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
 
+from lousho.store_bundle import SessionsOfCheckpoints
 from lousho.stores.file_approvals import FileApprovalStore
 from lousho.stores.file_checkpoints import FileCheckpointStore, FilePruned
 from lousho.stores.file_folder import Folder, atomic_write
@@ -33,24 +33,17 @@ from lousho.stores.file_folder import Folder, atomic_write
 __all__ = ["FileApprovalStore", "FileCheckpointStore", "FilePruned", "FileStore", "atomic_write", "open_url"]
 
 
-class FileStore:
+class FileStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`) in one folder (created if missing): `.checkpoints`, `.approvals`,
     `sessions()`, `prune()`, `delete()`."""
+
+    checkpoints: FileCheckpointStore
 
     def __init__(self, dir: str | os.PathLike[str] = "./.lousho/store", *, history_limit: int = 50) -> None:
         folder = Folder(dir)
         self.dir = folder.root
         self.checkpoints = FileCheckpointStore(folder, history_limit=history_limit)
         self.approvals = FileApprovalStore(folder)
-
-    def sessions(self, status: str | None = None) -> list[str]:
-        return self.checkpoints.sessions(status)
-
-    def prune(self, older_than: datetime | timedelta) -> FilePruned:
-        return self.checkpoints.prune(older_than)
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.checkpoints.delete(session_id, keep_history)
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.dir)!r})"

@@ -22,13 +22,11 @@ import dbm
 import os
 import threading
 from collections.abc import MutableMapping
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from lousho.errors import StoreUnavailableError
-from lousho.store_bundle import Pruned
-from lousho.stores.listing import Listing
+from lousho.store_bundle import SessionsOfCheckpoints
 from lousho.stores.mapping_checkpoints import MappingCheckpointStore
 from lousho.stores.mapping_keys import MappingKeys, Prefixed, TextMapping
 from lousho.stores.memory import MemoryApprovalStore
@@ -40,7 +38,7 @@ class MappingApprovalStore(MemoryApprovalStore):
     """Approval snapshots in the mapping, under `<prefix>approval/`; each change is synced."""
 
 
-class MappingStore:
+class MappingStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`) in one mapping: `.checkpoints`, `.approvals`, `sessions()`,
     `prune()`, `delete()`.
 
@@ -49,6 +47,8 @@ class MappingStore:
     - `prefix`: every key starts with it, so the mapping may hold other things too.
     - `owns`: `close()` closes the mapping (True for a `dbm_store`; a mapping you pass stays yours).
     """
+
+    checkpoints: MappingCheckpointStore
 
     def __init__(
         self,
@@ -64,15 +64,6 @@ class MappingStore:
         text, keys, lock = TextMapping(mapping), MappingKeys(prefix), threading.RLock()
         self.checkpoints = MappingCheckpointStore(text, keys=keys, lock=lock, history_limit=history_limit)
         self.approvals = MappingApprovalStore(Prefixed(text, keys.approvals), lock=lock)
-
-    def sessions(self, status: str | None = None) -> Listing[str]:
-        return self.checkpoints.sessions(status)
-
-    def prune(self, older_than: datetime | timedelta) -> Pruned:
-        return self.checkpoints.prune(older_than)
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.checkpoints.delete(session_id, keep_history)
 
     def close(self) -> None:
         """Close the mapping when this store opened it (`dbm_store`, a `dbm://` URL); else nothing."""

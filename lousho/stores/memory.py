@@ -20,7 +20,7 @@ from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, 
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptCheckpointError
 from lousho.messages import Message
-from lousho.store_bundle import Pruned, cutoff_of
+from lousho.store_bundle import Pruned, SessionsOfCheckpoints, cutoff_of
 from lousho.stores.listing import Listing, read_each, waiting
 
 if TYPE_CHECKING:
@@ -220,20 +220,11 @@ class MemoryApprovalStore:
 
 
 @dataclass(kw_only=True)
-class MemoryStore:
+class MemoryStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`): `.checkpoints`, `.approvals`, `sessions()`, `prune()`, `delete()`."""
 
     checkpoints: MemoryCheckpointStore = field(default_factory=MemoryCheckpointStore)
     approvals: MemoryApprovalStore = field(default_factory=MemoryApprovalStore)
-
-    def sessions(self, status: str | None = None) -> Listing[str]:
-        return self.checkpoints.sessions(status)
-
-    def prune(self, older_than: datetime | timedelta) -> Pruned:
-        return self.checkpoints.prune(older_than)
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.checkpoints.delete(session_id, keep_history)
 
 
 @overload

@@ -24,8 +24,7 @@ from typing import Any
 import redis
 
 from lousho.errors import ConfigurationError
-from lousho.store_bundle import Pruned
-from lousho.stores.listing import Listing
+from lousho.store_bundle import Pruned, SessionsOfCheckpoints
 from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
@@ -34,7 +33,7 @@ from lousho.stores.redis_prune import prune_sessions
 __all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore", "open_url"]
 
 
-class RedisStore:
+class RedisStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`) on one Redis: `.checkpoints`, `.approvals`, `sessions()`,
     `prune()`, `delete()`, and the `.client` they share.
 
@@ -48,6 +47,8 @@ class RedisStore:
     - `cache_size`: sessions whose last saved transcript this process remembers (to send only
       new messages); a cold or wrong cache only costs a save that sends the whole transcript.
     """
+
+    checkpoints: RedisCheckpointStore
 
     def __init__(
         self,
@@ -107,16 +108,10 @@ class RedisStore:
         )
         return view
 
-    def sessions(self, status: str | None = None) -> Listing[str]:
-        return self.checkpoints.sessions(status)
-
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         """Remove finished checkpoints saved before the cutoff (and their fleet keys), history entries saved
         before it, and the messages of sessions left with neither (`lousho.stores.redis_prune`)."""
         return prune_sessions(self.client, self.keys, older_than)
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.checkpoints.delete(session_id, keep_history)
 
     @classmethod
     def from_env(cls, variable: str = "REDIS_URL", **options: Any) -> RedisStore:

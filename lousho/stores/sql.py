@@ -16,7 +16,6 @@ The parts: `lousho.stores.sql_database` (tables, engine, transactions),
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
+from lousho.store_bundle import SessionsOfCheckpoints
 from lousho.stores.sql_approvals import SqlApprovalStore
 from lousho.stores.sql_checkpoints import Pruned, SqlCheckpointStore
 from lousho.stores.sql_database import SQLITE_BUSY_TIMEOUT_MS, SqlDatabase
@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 
-class SqlStore:
+class SqlStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`) on SQLite or PostgreSQL: `.checkpoints`, `.approvals`,
     `sessions()`, `prune()`, `delete()`.
 
@@ -72,15 +72,6 @@ class SqlStore:
     def create_tables(self) -> None:
         """Create missing tables now (they are otherwise created on first use)."""
         self._db.ensure_tables()
-
-    def sessions(self, status: str | None = None) -> list[str]:
-        return self.checkpoints.sessions(status)
-
-    def prune(self, older_than: datetime | timedelta) -> Pruned:
-        return self.checkpoints.prune(older_than)
-
-    def delete(self, session_id: str, keep_history: bool = False) -> None:
-        self.checkpoints.delete(session_id, keep_history)
 
     def close(self) -> None:
         """Close pooled connections (the store opens new ones if used again)."""
