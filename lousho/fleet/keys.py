@@ -78,15 +78,16 @@ class FleetKeys:
     def reaper_lock(self) -> str:
         return f"{self.store.prefix}reaper:lock"
 
-    def new_incarnation(self, session_id: str) -> None:
+    def new_incarnation(self, session_id: str, epoch: str | None = None) -> None:
         """Make the session a new incarnation (lua/lib/epoch.lua, issue #21): a fresh epoch, and none of
         the fleet state a deleted session of the same id left behind (its results, marks, poison
         counts, its lease). Work of that earlier run still under way then commits nothing, and its
         fenced saves are refused: its lease is gone. One transaction, before the session's record is
-        saved (by `Client.enqueue`, or by a parent starting a sub-agent's session)."""
+        saved (by `Client.enqueue`, or by a parent starting a sub-agent's session, whose epoch is then the
+        parent's: a sub-agent of an earlier incarnation of its parent is told apart by it)."""
         with redis_errors(self.store.client, f"start a new incarnation of {session_id!r}"):
             pipe = self.store.client.pipeline(transaction=True)
-            pipe.set(self.epoch(session_id), new_epoch())
+            pipe.set(self.epoch(session_id), new_epoch() if epoch is None else epoch)
             pipe.delete(self.lease(session_id), self.results(session_id), self.dispatched(session_id))
             pipe.delete(self.attempts(session_id), self.abort(session_id))
             pipe.hdel(self.parked, session_id)

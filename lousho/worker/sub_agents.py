@@ -76,6 +76,11 @@ async def sub_agent_call(
     assert agent is not None
     child_id = child_session_id(steps.session_id, call)
     child = steps.runtime.store.checkpoints.load(child_id)
+    if child is not None and _epoch_of(steps, child_id) != (steps.epoch or ""):
+        # A sub-agent of an earlier incarnation of this session (deleted, then enqueued again under its id,
+        # its model reusing the call id): its answer is not this run's. Gone, and started anew.
+        steps.runtime.store.checkpoints.delete(child_id)
+        child = None
     if child is None:
         return start_child(steps, checkpoint, call, args, agent)
     if child.status == "finished":
@@ -117,7 +122,7 @@ def start_child(
         session_id=child_id, version=1, agent_name=agent.name, pending_input=messages,
         parent_session_id=steps.session_id,
     )  # fmt: skip
-    steps.keys.new_incarnation(child_id)
+    steps.keys.new_incarnation(child_id, epoch=steps.epoch or "")  # the parent's incarnation, as its own
     try:
         steps.runtime.store.checkpoints.save(child_id, record)
     except CheckpointConflictError:
@@ -150,6 +155,12 @@ def tell_parent(steps: SessionSteps, outcome: str) -> None:
 def _abort_flag(steps: SessionSteps, session_id: str) -> bool:
     with redis_errors(steps.client, f"read the abort flag of {session_id!r}"):
         return bool(steps.client.exists(steps.keys.abort(session_id)))
+
+
+def _epoch_of(steps: SessionSteps, session_id: str) -> str:
+    with redis_errors(steps.client, f"read the epoch of {session_id!r}"):
+        epoch = cast(bytes | None, steps.client.get(steps.keys.epoch(session_id)))
+    return text(epoch) if epoch is not None else ""
 
 
 def _parked_reason(steps: SessionSteps, session_id: str) -> str | None:

@@ -244,3 +244,21 @@ def test_aborting_a_session_paused_on_an_approval_changes_nothing(driver: FleetD
     assert driver.pending() == []
     assert not driver.client.status("trip").aborted
     assert driver.client.status("trip").status == "awaiting-approval"
+
+
+def test_a_session_enqueued_again_after_a_delete_starts_its_sub_agent_anew(
+    driver: FleetDriver, travel: Travel
+) -> None:
+    travel.scripts["trip"] = [tool_turn(("pay", "pay", {"input": "price?"})), Message.assistant("done")]
+    travel.scripts[CHILD] = [Message.assistant("it is 12")]
+    driver.client.enqueue("planner", "plan", session_id="trip")
+    driver.run_until_idle()
+    driver.store.checkpoints.delete("trip")  # the sub-agent's session stays
+
+    travel.scripts[CHILD] = [Message.assistant("it is 15")]  # the same call id, a new run
+    driver.client.enqueue("planner", "plan again", session_id="trip")
+    driver.run_until_idle()
+
+    parent = driver.client.checkpoint("trip")
+    assert_finished_with_every_result(parent, "trip")
+    assert parent is not None and [m.result() for m in parent.messages if m.role == "tool"] == ["it is 15"]
