@@ -19,7 +19,7 @@ import redis
 from kombu import Connection, Exchange, Producer, Queue
 
 from lousho import Message, ToolCall
-from lousho.errors import ApprovalNotFoundError, SDKError, StoreUnavailableError
+from lousho.errors import AgentNotServedError, ApprovalNotFoundError, SDKError, StoreUnavailableError
 from lousho.fleet.settings import TASK_MODEL_TURN
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
@@ -40,7 +40,15 @@ def free_port() -> int:
 def job(fleet: ChaosFleet, session: str) -> None:
     fleet.script(session, [Message.assistant(tool_calls=[ToolCall(id=f"{session}-1", name="work", arguments={"n": 3})]),
                            Message.assistant("done")])  # fmt: skip
-    fleet.client.enqueue("jobs", "go", session_id=session)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            fleet.client.enqueue("jobs", "go", session_id=session)
+            break
+        except AgentNotServedError:
+            # Right after a Redis restart the worker's presence is stale until its next beat (issue #15).
+            assert time.monotonic() < deadline, "the worker never showed as serving its agent again"
+            time.sleep(0.2)
     fleet.wait_for([session], timeout_s=60)
 
 
