@@ -187,6 +187,10 @@ def register(app: typer.Typer) -> None:
             typer.echo(parked_line(session, parked))
         if checkpoint.approval_id:  # echoed, not printed by rich: a long id is never wrapped (issue #15)
             typer.echo(f"waiting on approval {checkpoint.approval_id}: lousho approve {checkpoint.approval_id}")
+        if checkpoint.parent_session_id:  # a sub-agent's session (issue #14)
+            typer.echo(
+                f"a sub-agent of session {checkpoint.parent_session_id}: lousho show {checkpoint.parent_session_id}"
+            )
 
     @app.command()
     def history(

@@ -268,3 +268,17 @@ def test_approvals_show_a_sub_agents_inner_call_and_name_the_parent(tmp_path: Pa
     cells = [cell.strip() for cell in row.strip("│ ").split("│")]
     assert cells[1:4] == ["trip.sub-h1", "trip", "charge"]
     assert '"amount": 5' in cells[4] or "'amount': 5" in cells[4]
+
+
+def test_show_names_the_parent_of_a_sub_agents_session(tmp_path: Path) -> None:
+    from lousho import agent_tool
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    planner = Agent(name="planner", model="m", tools=[agent_tool(Agent(name="helper", model="m"))])
+    provider = ScriptedProvider([tool_calls(("h1", "helper", {"input": "hi"})), "hello", "done"])
+    asyncio.run(AgentExecutor.execute(agent=planner, input="go", provider=provider, session_id="trip",
+                                      checkpoint_store=store.checkpoints))  # fmt: skip
+
+    shown = lousho("show", "trip.sub-h1", env={"LOUSHO_STORE_URL": f"sqlite:///{tmp_path / 'jobs.db'}"}).stdout
+
+    assert "a sub-agent of session trip: lousho show trip" in shown
