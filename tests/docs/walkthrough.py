@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,8 @@ NOT_COPIED = {".venv", ".git", "dist", ".mypy_cache", ".pytest_cache", ".ruff_ca
 def command(line: str) -> str:
     """A shell line as a command: its comment (two spaces, then `#`) and a trailing `&` dropped."""
     text = line.split("  #", 1)[0].strip()
+    if text.startswith("#"):
+        return ""  # a comment line
     return text[:-1].strip() if text.endswith(" &") else text
 
 
@@ -187,14 +190,19 @@ class Walk:
         return [pid for pid in processes_mentioning(str(self.root)) if pid != os.getpid()]
 
 
-def wait_until(what: str, check: Callable[[], object], timeout_s: float = 60.0, *, log: Background | None = None):
-    """`check()`'s first truthy answer (as a reader waits and looks again), else fail naming `what`."""
+def wait_until(what: str, check: Callable[[], Any], timeout_s: float = 60.0, *, log: Background | None = None) -> Any:
+    """`check()`'s first truthy answer (as a reader waits and looks again), else fail naming `what` and the last
+    error `check()` raised (a command that failed, an answer that was not JSON yet)."""
     deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
     while True:
-        with contextlib.suppress(AssertionError, OSError, ValueError):
+        try:
             answer = check()
             if answer:
                 return answer
+        except (AssertionError, OSError, ValueError, KeyError, TypeError) as error:
+            last = error
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout_s}s" + (f"\n{log.text()[-3000:]}" if log else ""))
+            tail = f"\n{log.text()[-3000:]}" if log else ""
+            raise AssertionError(f"{what}: not after {timeout_s}s (last error: {last!r}){tail}")
         time.sleep(0.2)
