@@ -170,7 +170,7 @@ def test_with_a_ttl_every_key_of_a_session_has_one_after_every_step(
         driver.deliver(driver.pending()[-1])  # aborted-7f3a's model turn: its calls sent and marked
         assert_every_key_expires()
         driver.client.abort("aborted-7f3a")
-        driver.deliver(driver.pending()[-1])  # the abort's advance (until it runs, see the xfail below)
+        driver.deliver(driver.pending()[-1])  # the abort's advance (the flag has its TTL already: the test below)
         assert_every_key_expires()
         while pending := driver.pending():
             driver.deliver(pending[0])
