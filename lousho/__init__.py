@@ -17,6 +17,7 @@ from lousho.definition import Agent
 from lousho.errors import (
     AgentDriftError,
     ApprovalAlreadyResolvedError,
+    ApprovalCallChangedError,
     ApprovalNotFoundError,
     CheckpointConflictError,
     CheckpointNotFoundError,
@@ -99,6 +100,7 @@ __all__ = [
     "AgentExecutor",
     "AgentFingerprint",
     "ApprovalAlreadyResolvedError",
+    "ApprovalCallChangedError",
     "ApprovalDecision",
     "ApprovalNotFoundError",
     "ApprovalSnapshot",

@@ -7,28 +7,43 @@ process that dies between the two leaves a decided approval that the next
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, StrictStr, ValidationError, model_validator
 
 from lousho.checkpoint import Checkpoint
-from lousho.errors import CorruptApprovalError, InvalidDecisionError
+from lousho.errors import ApprovalCallChangedError, CorruptApprovalError, InvalidDecisionError
 from lousho.fingerprint import AgentFingerprint
 from lousho.messages import ToolCall
 
 __all__ = [
+    "REOPENED",
     "ApprovalDecision",
+    "ApprovalKind",
     "ApprovalSnapshot",
     "ApprovalState",
     "ApprovalStore",
+    "approval_chain",
+    "call_digest",
+    "check_call_unchanged",
+    "check_calls_unchanged",
+    "InterruptedAction",
+    "decide",
+    "decided_update",
     "decode_snapshot",
     "parse_decision",
     "utc_now",
 ]
 
 ApprovalState = Literal["pending", "approved", "rejected"]
+ApprovalKind = Literal["approval", "interrupted"]
+"""'approval': a gated call waits to run; 'interrupted': a call that may have run when its run was
+interrupted waits for a human to say what it did (`on_interrupted='ask'`, issue #17)."""
+InterruptedAction = Literal["rerun", "record", "fail"]
 
 
 def utc_now() -> str:
@@ -36,7 +51,9 @@ def utc_now() -> str:
 
 
 class ApprovalDecision(BaseModel):
-    """A human's answer: `{"id": ..., "approved": bool, "note": str | None}`."""
+    """A human's answer: `{"id": ..., "approved": bool, "note": str | None}`; for an interrupted-call
+    approval also `action` ('rerun' or 'record' with approved=True, 'fail' with approved=False) and,
+    with 'record', the `result` to record (issue #17)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -44,6 +61,20 @@ class ApprovalDecision(BaseModel):
     approved: StrictBool
     """Exactly True or False: a lax "no" or 0 would be read as a decision nobody made (issue #21)."""
     note: StrictStr | None = None
+    action: InterruptedAction | None = None
+    """Only for an interrupted-call approval; None there means 'rerun' if approved, else 'fail'."""
+    result: JsonValue = None
+    """With action='record': the call's result, as the human typed it."""
+
+    @model_validator(mode="after")
+    def _action_fits(self) -> ApprovalDecision:
+        if self.action in ("rerun", "record") and not self.approved:
+            raise ValueError(f"action {self.action!r} needs approved=True")
+        if self.action == "fail" and self.approved:
+            raise ValueError("action 'fail' needs approved=False")
+        if (self.action == "record") != (self.result is not None):
+            raise ValueError("a result goes with action 'record', and only with it")
+        return self
 
 
 def parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecision:
@@ -54,8 +85,9 @@ def parse_decision(decision: ApprovalDecision | dict[str, Any]) -> ApprovalDecis
         return ApprovalDecision.model_validate(decision)
     except ValidationError as exc:
         raise InvalidDecisionError(
-            "a decision must be {'id': str, 'approved': True or False, 'note': str | None}; "
-            f"got {decision!r:.300} ({exc.error_count()} problems)"
+            "a decision must be {'id': str, 'approved': True or False, 'note': str | None} (and, for an "
+            "interrupted call, 'action': 'rerun' | 'record' | 'fail' with 'result' for 'record'); "
+            f"got {decision!r:.300} ({exc.error_count()} problems: {exc.errors()[0]['msg']})"
         ) from exc
 
 
@@ -74,6 +106,9 @@ class ApprovalSnapshot(BaseModel):
     checkpoint: Checkpoint
     """The run as it was when it paused (status 'awaiting-approval')."""
     fingerprint: AgentFingerprint | None = None
+    call_digest: str | None = None
+    """SHA-256 of the call shown to the human (tool, arguments, the agent fingerprint's digest): a decision
+    is applied only to that call (`pausing.check_call_unchanged`). None in snapshots from before it (issue #17)."""
     max_steps: int | None = None
     status: ApprovalState = "pending"
     note: str | None = None
@@ -85,6 +120,17 @@ class ApprovalSnapshot(BaseModel):
     child: ApprovalSnapshot | None = None
     """A sub-agent's own snapshot when the pause came from a sub-agent's tool call."""
     metadata: dict[str, Any] = Field(default_factory=dict)
+    kind: ApprovalKind = "approval"
+    """'interrupted': the call may have run already; the decision says what it did (issue #17)."""
+    action: InterruptedAction | None = None
+    """An interrupted-call approval's decision: what the human chose (None: by `status`)."""
+    result: JsonValue = None
+    """With action 'record': the result the human typed."""
+
+    @property
+    def interrupted_action(self) -> InterruptedAction:
+        """A decided interrupted-call approval's choice: its `action`, else 'rerun' if approved, else 'fail'."""
+        return self.action or ("rerun" if self.status == "approved" else "fail")
 
     @property
     def waiting(self) -> ApprovalSnapshot:
@@ -107,6 +153,8 @@ class ApprovalSnapshot(BaseModel):
             "note": self.note,
             "decided_at": self.decided_at,
             "applied_at": self.applied_at,
+            "action": self.action,
+            "result": self.result,
         }
         return part.model_copy(update=decision)
 
@@ -114,7 +162,32 @@ class ApprovalSnapshot(BaseModel):
     def decision(self) -> ApprovalDecision | None:
         if self.status == "pending":
             return None
-        return ApprovalDecision(id=self.id, approved=self.status == "approved", note=self.note)
+        return ApprovalDecision(
+            id=self.id, approved=self.status == "approved", note=self.note, action=self.action, result=self.result
+        )
+
+
+REOPENED: dict[str, Any] = {"status": "pending", "note": None, "decided_at": None, "action": None, "result": None}
+"""What `ApprovalStore.reopen` puts back: no decision."""
+
+
+def decided_update(
+    snapshot: ApprovalSnapshot,
+    approved: bool,
+    note: str | None,
+    action: InterruptedAction | None = None,
+    result: Any = None,
+) -> dict[str, Any]:
+    """The fields `ApprovalStore.decide` changes on a pending snapshot. An `action` on an approval that
+    is not an interrupted call's raises `InvalidDecisionError` before anything is written (issue #17)."""
+    parse_decision({"id": snapshot.id, "approved": approved, "note": note, "action": action, "result": result})
+    if action is not None and snapshot.kind != "interrupted":
+        raise InvalidDecisionError(
+            f"approval {snapshot.id!r} is a {snapshot.kind!r}, not an interrupted call: decide it with "
+            "approved and note only ('action' and 'result' are for interrupted-call approvals)"
+        )
+    update = {"status": "approved" if approved else "rejected", "note": note, "decided_at": utc_now()}
+    return {**update, "action": action, "result": result}
 
 
 @runtime_checkable
@@ -128,18 +201,33 @@ class ApprovalStore(Protocol):
         """The snapshot, or None for an unknown id."""
 
     def decide(
-        self, approval_id: str, approved: bool, note: str | None
+        self,
+        approval_id: str,
+        approved: bool,
+        note: str | None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
     ) -> ApprovalSnapshot | Awaitable[ApprovalSnapshot]:
         """Atomically move a pending approval to approved/rejected and return it.
 
         Raises `ApprovalNotFoundError` for an unknown id and `ApprovalAlreadyResolvedError`
-        when it was decided already, so a second caller can never run the tool again."""
+        when it was decided already, so a second caller can never run the tool again.
+        `action` and `result` are passed only for an interrupted-call approval (callers leave them
+        out otherwise); a store records them with `decided_update` (issue #17)."""
 
     def reopen(self, approval_id: str) -> Awaitable[None] | None:
         """Put a decided approval back to pending (its decision could not be applied)."""
 
     def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot] | Awaitable[list[ApprovalSnapshot]]:
         """Approvals still waiting for a decision, oldest first."""
+
+
+def decide(store: ApprovalStore, decision: ApprovalDecision) -> Any:
+    """`store.decide(...)` for a checked decision: an interrupted call's `action` and `result` are passed
+    only when given, so a store written before them still decides ordinary approvals (issue #17)."""
+    if decision.action is None:
+        return store.decide(decision.id, decision.approved, decision.note)
+    return store.decide(decision.id, decision.approved, decision.note, action=decision.action, result=decision.result)
 
 
 def decode_snapshot(approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
@@ -150,3 +238,49 @@ def decode_snapshot(approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
         raise CorruptApprovalError(
             f"the stored approval {approval_id!r} cannot be read ({exc.errors()[0]['msg']}); it was left as it is"
         ) from exc
+
+
+# -- approvals bound to the call shown (issue #17) ------------------------------------------------
+
+
+def call_digest(call: ToolCall, fingerprint: AgentFingerprint | None) -> str:
+    """SHA-256 of what the human is shown and approves: the tool, its arguments, and the agent (its
+    fingerprint's digest) that asked for it. The call id is left out: it names the call, the rest is it."""
+    shown = [call.name, call.arguments, fingerprint.digest if fingerprint is not None else None]
+    return hashlib.sha256(json.dumps(shown, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def check_call_unchanged(snapshot: ApprovalSnapshot, checkpoint: Checkpoint | None) -> None:
+    """Raise `ApprovalCallChangedError` when the call a decision would run is not the one shown: the
+    snapshot's own call was changed after the pause, or the session's checkpoint (when it still waits on
+    this approval) holds another call under that id. Snapshots from before the digest are not checked."""
+    if snapshot.call_digest is None:
+        return
+    changed = []
+    if call_digest(snapshot.tool_call, snapshot.fingerprint) != snapshot.call_digest:
+        changed.append("the stored approval's call")
+    if checkpoint is not None and checkpoint.approval_id == snapshot.id:
+        current = {c.id: c for c in checkpoint.pending_tool_calls()}.get(snapshot.tool_call.id)
+        if current is None or call_digest(current, checkpoint.fingerprint) != snapshot.call_digest:
+            changed.append(f"session {snapshot.session_id!r}'s checkpoint")
+    if changed:
+        raise ApprovalCallChangedError(
+            f"approval {snapshot.id!r} was shown for {snapshot.tool_call.name!r} with other arguments or another "
+            f"agent than {' and '.join(changed)} now holds: nothing was decided or run; the session is as it was. "
+            "Restore the checkpoint, or fork the session and let the run ask again for the call as it is now"
+        )
+
+
+def check_calls_unchanged(snapshot: ApprovalSnapshot, load: Callable[[str], Checkpoint | None]) -> None:
+    """`check_call_unchanged` for the snapshot and each sub-agent's nested in it, against each session's
+    stored checkpoint (`load(session_id)`): run before a decision is recorded, so a refused one records nothing."""
+    for part in approval_chain(snapshot):
+        check_call_unchanged(part, load(part.session_id) if part.session_id is not None else None)
+
+
+def approval_chain(snapshot: ApprovalSnapshot) -> Iterator[ApprovalSnapshot]:
+    """The snapshot, then each sub-agent's nested in it, outermost first."""
+    part: ApprovalSnapshot | None = snapshot
+    while part is not None:
+        yield part
+        part = part.child

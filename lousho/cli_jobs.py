@@ -8,6 +8,7 @@ import typer
 
 from lousho.cli_render import approvals_table, print_json, print_table, report_skipped, short, sync
 from lousho.errors import SessionNotFoundError
+from lousho.pausing import check_stored_calls_unchanged
 from lousho.stores.listing import Listing
 
 __all__ = ["register"]
@@ -106,6 +107,7 @@ def register(app: typer.Typer) -> None:
             snapshot = settings.client().resolve_approval(approval_id, approved=not reject, note=note)
             then = "the fleet continues the run"
         else:
+            sync(check_stored_calls_unchanged(store.approvals, store.checkpoints, approval_id))  # issue #17
             snapshot = sync(store.approvals.decide(approval_id, not reject, note))
             then = "the next resume of the session applies it"
         typer.echo(f"{snapshot.status} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "AgentDriftError",
     "ApprovalAlreadyResolvedError",
+    "ApprovalCallChangedError",
     "ApprovalNotFoundError",
     "CheckpointConflictError",
     "CheckpointNotFoundError",
@@ -21,6 +22,8 @@ __all__ = [
     "InvalidInputError",
     "InvalidSessionIdError",
     "LeaseLostError",
+    "PayloadDecodeError",
+    "PayloadKeyError",
     "PropagatingToolError",
     "ProviderError",
     "ResumeToolMissingError",
@@ -121,6 +124,21 @@ class CorruptCheckpointError(SDKError):
         self.problem = problem
 
 
+class PayloadDecodeError(SDKError):
+    """A stored payload the store's codec cannot decode: damaged, or written by a newer lousho (issue #17).
+
+    Nothing stored is changed; the value stays as it is."""
+
+    code = "LOUSHO_PAYLOAD_DECODE"
+
+
+class PayloadKeyError(PayloadDecodeError):
+    """An encrypted payload whose key this store lacks (its key id is not in `keys`) or whose key is not the
+    one it was written with (issue #17). Nothing stored is changed: give the store the key it names."""
+
+    code = "LOUSHO_PAYLOAD_KEY"
+
+
 class CorruptApprovalError(SDKError):
     """A stored approval snapshot that cannot be read; it is left as it is."""
 
@@ -210,6 +228,14 @@ class ApprovalAlreadyResolvedError(SDKError):
     """A second decision for an approval that was already decided; the tool does not run again."""
 
     code = "LOUSHO_APPROVAL_ALREADY_RESOLVED"
+
+
+class ApprovalCallChangedError(SDKError):
+    """The call an approval would run is not the one shown to the human: the session's checkpoint or the
+    stored snapshot changed after the pause (an edit, a tampered record). Nothing is decided or run; ask
+    again for the call as it is now (issue #17)."""
+
+    code = "LOUSHO_APPROVAL_CALL_CHANGED"
 
 
 class InvalidDecisionError(ConfigurationError):

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from lousho.abort import AbortSignal
-from lousho.approvals import ApprovalDecision, ApprovalStore, parse_decision
+from lousho.approvals import ApprovalDecision, ApprovalStore, decide, parse_decision
 from lousho.checkpoint import CheckpointStore, maybe_await, validate_session_id
 from lousho.definition import Agent
 from lousho.errors import ConfigurationError, InvalidDecisionError
@@ -22,6 +22,7 @@ from lousho.fork import ForkPatch, ForkResult
 from lousho.fork import fork as _fork
 from lousho.inputs import validate_input
 from lousho.messages import Message
+from lousho.pausing import check_stored_calls_unchanged
 from lousho.providers.base import LLMProvider
 from lousho.run import DriftPolicy, Run, RunResult
 from lousho.run_context import load_stored
@@ -128,7 +129,8 @@ async def resume_after_approval(
     """
     parsed = parse_decision(decision)
     opts = options if isinstance(options, ResumeOptions) else ResumeOptions(**(options or {}))
-    snapshot = await maybe_await(approval_store.decide(parsed.id, parsed.approved, parsed.note))
+    await check_stored_calls_unchanged(approval_store, checkpoint_store, parsed.id)  # before deciding (issue #17)
+    snapshot = await maybe_await(decide(approval_store, parsed))
     agent = (
         tool_registry
         if isinstance(tool_registry, Agent)

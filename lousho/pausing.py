@@ -7,15 +7,28 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from lousho.approvals import ApprovalSnapshot, ApprovalStore
-from lousho.checkpoint import Checkpoint, maybe_await
+from lousho.approvals import (
+    ApprovalKind,
+    ApprovalSnapshot,
+    ApprovalStore,
+    approval_chain,
+    call_digest,
+    check_call_unchanged,
+)
+from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
 from lousho.events import ApprovalRequestedEvent
 from lousho.messages import ToolCall
-from lousho.run_context import RunContext
+from lousho.run_context import RunContext, load_stored
 from lousho.tools import tool_error
 
-__all__ = ["NOT_RUN", "pause_for_approval", "prepare_resume", "rejection"]
+__all__ = [
+    "NOT_RUN",
+    "check_stored_calls_unchanged",
+    "pause_for_approval",
+    "prepare_resume",
+    "rejection",
+]
 
 NOT_RUN = tool_error("not run", "This call came after one that needed approval and was not run.")
 
@@ -26,13 +39,18 @@ def rejection(snapshot: ApprovalSnapshot) -> dict[str, Any]:
 
 
 async def pause_for_approval(
-    run: RunContext, checkpoint: Checkpoint, call: ToolCall, child_approval_id: str | None
+    run: RunContext,
+    checkpoint: Checkpoint,
+    call: ToolCall,
+    child_approval_id: str | None,
+    kind: ApprovalKind = "approval",
 ) -> Checkpoint:
     """Save the approval first, then the 'awaiting-approval' checkpoint that points at it.
 
     In that order, a crash in between leaves an unreferenced approval, never a session
     waiting on an approval that does not exist. A sub-agent's pause keeps its approval id,
-    with the sub-agent's snapshot nested in this run's."""
+    with the sub-agent's snapshot nested in this run's. `kind='interrupted'`: the call may
+    have run already (`on_interrupted='ask'`, issue #17)."""
     store = run.approval_store
     assert store is not None
     turn = checkpoint.last_tool_turn()
@@ -51,8 +69,10 @@ async def pause_for_approval(
         remaining_tool_calls=remaining,
         checkpoint=paused,
         fingerprint=paused.fingerprint,
+        call_digest=call_digest(call, paused.fingerprint),
         max_steps=run.max_steps,
         child=child,
+        kind=kind,
     )
     await maybe_await(store.save(snapshot))
     paused = await run.write(paused)
@@ -77,9 +97,23 @@ async def prepare_resume(
             await maybe_await(source.reopen(snapshot.id))
 
     try:
+        check_call_unchanged(snapshot, checkpoint)
         run.check_tools_exist([snapshot.tool_call], None)
     except SDKError:
         await reopen()
         raise
     await run.check_drift(snapshot.fingerprint, on_error=reopen)
     return checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
+
+
+# -- approvals bound to the call shown (issue #17) ------------------------------------------------
+
+
+async def check_stored_calls_unchanged(
+    approvals: ApprovalStore, checkpoints: CheckpointStore | None, approval_id: str
+) -> None:
+    """`check_calls_unchanged` for the stored approval `approval_id`, on stores that may be async; an
+    unknown id passes (the decision itself then raises `ApprovalNotFoundError`)."""
+    snapshot: ApprovalSnapshot | None = await maybe_await(approvals.load(approval_id))
+    for part in approval_chain(snapshot) if snapshot is not None else ():
+        check_call_unchanged(part, await load_stored(checkpoints, part.session_id))

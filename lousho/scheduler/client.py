@@ -9,7 +9,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel
 
-from lousho.approvals import ApprovalSnapshot, parse_decision
+from lousho.approvals import ApprovalSnapshot, InterruptedAction, check_calls_unchanged, decide, parse_decision
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import (
@@ -172,13 +172,27 @@ class Client:
     def checkpoint(self, session_id: str) -> Checkpoint | None:
         return self.store.checkpoints.load(validate_session_id(session_id))
 
-    def resolve_approval(self, approval_id: str, *, approved: bool, note: str | None = None) -> ApprovalSnapshot:
+    def resolve_approval(
+        self,
+        approval_id: str,
+        *,
+        approved: bool,
+        note: str | None = None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
+    ) -> ApprovalSnapshot:
         """Record the decision (once: a second one raises) and let the fleet continue the run.
 
         A malformed decision (an id that is not a string, `approved` not a boolean, a `note` that is
-        not text) raises `InvalidDecisionError` and records nothing, as `resume_after_approval` does."""
-        decision = parse_decision({"id": approval_id, "approved": approved, "note": note})
-        snapshot = self.store.approvals.decide(decision.id, decision.approved, decision.note)
+        not text) raises `InvalidDecisionError` and records nothing, as `resume_after_approval` does.
+        An interrupted-call approval also takes `action` ('rerun', 'record' with `result`, 'fail'; issue #17)."""
+        decision = parse_decision(
+            {"id": approval_id, "approved": approved, "note": note, "action": action, "result": result}
+        )
+        shown = self.store.approvals.load(decision.id)
+        if shown is not None:  # the call it would run is the one shown, or nothing is decided (issue #17)
+            check_calls_unchanged(shown, self.store.checkpoints.load)
+        snapshot: ApprovalSnapshot = decide(self.store.approvals, decision)
         if snapshot.session_id is not None:
             # Back in the in-flight index first: if the message below is lost (or its worker dies),
             # the reaper requeues the session; a paused session is otherwise out of the index for good.
