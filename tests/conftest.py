@@ -2,4 +2,10 @@
 
 from __future__ import annotations
 
-pytest_plugins = ["tests.fixtures.core", "tests.fixtures.sql", "tests.fixtures.redis", "tests.fixtures.local_store"]
+pytest_plugins = [
+    "tests.fixtures.core",
+    "tests.fixtures.sql",
+    "tests.fixtures.redis",
+    "tests.fixtures.local_store",
+    "tests.fixtures.rabbitmq",
+]

@@ -15,8 +15,8 @@ import sys
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
-url, prefix, queue, approval_id = sys.argv[1:5]
-client = Client(broker=broker_url(url), store=RedisStore(url, prefix=prefix), settings=FleetSettings(queue=queue))
+url, prefix, queue, approval_id, broker = sys.argv[1:6]
+client = Client(broker=broker or broker_url(url), store=RedisStore(url, prefix=prefix), settings=FleetSettings(queue=queue))
 client.resolve_approval(approval_id, approved=True, note="approved from another process")
 """
 
@@ -35,8 +35,9 @@ def test_an_approval_is_resolved_from_another_process_and_finishes_on_another_wo
     assert [c.id for c in pending[0].remaining_tool_calls or []] == ["w2"]
 
     fleet.start_worker("second")
-    subprocess.run([sys.executable, "-c", RESOLVE, fleet.env["LOUSHO_TEST_FLEET_REDIS"], fleet.prefix, fleet.queue, pending[0].id],
-                   check=True, cwd=ROOT, timeout=60)
+    broker = fleet.env.get("LOUSHO_TEST_FLEET_BROKER", "")  # RabbitMQ's, in tests/topologies (issue #18)
+    subprocess.run([sys.executable, "-c", RESOLVE, fleet.env["LOUSHO_TEST_FLEET_REDIS"], fleet.prefix, fleet.queue, pending[0].id,
+                    broker], check=True, cwd=ROOT, timeout=60)
     fleet.wait_for(["pay"], timeout_s=60)
 
     checkpoint = fleet.client.checkpoint("pay")
