@@ -28,13 +28,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from kombu import Connection
+from kombu import connection as kombu_connection
 
 __all__ = ["RabbitMQNode", "private_rabbitmq", "rabbitmq_server_executable"]
 
 _UNWRAPPED_SCRIPTS = Path("/usr/lib/rabbitmq/bin")
 """Where Debian's package keeps the scripts its `/usr/sbin` wrapper runs as the `rabbitmq` user."""
+_Connection: Any = kombu_connection.Connection  # kombu is untyped
 _LIVE: set[RabbitMQNode] = set()
 _LIVE_LOCK = threading.Lock()
 
@@ -164,7 +166,7 @@ class RabbitMQNode:
         while True:
             if not self.running:
                 raise RuntimeError(f"rabbitmq-server exited at start: {self._log_tail()}")
-            with Connection(self.url, connect_timeout=1) as probe:
+            with _Connection(self.url, connect_timeout=1) as probe:
                 try:
                     probe.connect()
                     return
