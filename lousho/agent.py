@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from lousho.abort import AbortSignal
-from lousho.approvals import ApprovalSnapshot, ApprovalStore
+from lousho.approvals import ApprovalSnapshot, ApprovalStore, InterruptedAction
 from lousho.checkpoint import Checkpoint, CheckpointStore, HistoryEntry, get_checkpoint_history, maybe_await
 from lousho.definition import Agent, Hook
 from lousho.errors import ConfigurationError
@@ -309,6 +309,8 @@ class AgentApprovals:
         *,
         approved: bool,
         note: str | None = None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
         signal: AbortSignal | None = None,
         context: dict[str, Any] | None = None,
         on_event: EventSink | None = None,
@@ -316,12 +318,14 @@ class AgentApprovals:
         """Record the decision and continue the run, checkpointing it under its session.
 
         The result's `finish_reason` may be 'awaiting-approval' again (the next gated call of the turn).
+        An interrupted-call approval (`kind='interrupted'`) also takes `action`: 'rerun' or 'record'
+        (with `result`) and approved=True, or 'fail' and approved=False (docs/interrupted-calls.md).
         """
         options = ResumeOptions(
             signal=signal, on_agent_drift=self._agent.on_agent_drift, on_event=on_event, context=context
         )
         return await resume_after_approval(
-            {"id": approval_id, "approved": approved, "note": note},
+            {"id": approval_id, "approved": approved, "note": note, "action": action, "result": result},
             self._store(),
             self._agent.definition,
             self._agent.provider,

@@ -77,6 +77,10 @@ class Checkpoint(BaseModel):
     parent_session_id: str | None = None
     """Set on a sub-agent's session: the session whose tool call it runs (`agent_tool`). On the fleet
     the sub-agent tells that session when it finishes or pauses (issue #14)."""
+    started_calls: list[str] = Field(default_factory=list)
+    """Ids of the newest turn's calls to tools that are not re-run after an interruption
+    (`on_interrupted` 'ask' or 'fail'), saved as each starts in process and dropped as its result is
+    recorded: a resume that finds one here knows the call may have run (issue #17)."""
 
     @property
     def turns(self) -> int:

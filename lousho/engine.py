@@ -112,7 +112,10 @@ def record_tool_result(checkpoint: Checkpoint, call: ToolCall, result: Any) -> C
     if not pending or pending[0].id != call.id:
         expected = pending[0].id if pending else None
         raise ValueError(f"result for {call.id!r} recorded out of order (next pending call is {expected!r})")
-    return checkpoint.model_copy(update={"messages": [*checkpoint.messages, Message.tool_result(call, result)]})
+    update: dict[str, Any] = {"messages": [*checkpoint.messages, Message.tool_result(call, result)]}
+    if call.id in checkpoint.started_calls:  # its start mark goes with its result (issue #17)
+        update["started_calls"] = [c for c in checkpoint.started_calls if c != call.id]
+    return checkpoint.model_copy(update=update)
 
 
 def _unique_call_ids(message: Message, step: int) -> Message:

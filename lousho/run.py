@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lousho.abort import RunAborted
-from lousho.approvals import ApprovalSnapshot, ApprovalStore, utc_now
+from lousho.approvals import ApprovalKind, ApprovalSnapshot, ApprovalStore, utc_now
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate_session_id
 from lousho.definition import Agent
 from lousho.engine import (
@@ -36,10 +36,12 @@ from lousho.engine import (
 from lousho.errors import SessionAwaitingApprovalError
 from lousho.events import FinishedEvent, ToolResultEvent
 from lousho.inputs import add_input_to_unfinished, continue_finished, start_session, validate_input
+from lousho.interruptions import decided_interrupted_result, interruption_of, mark_started, needs_start_mark
 from lousho.messages import Message, ToolCall
 from lousho.pausing import NOT_RUN, pause_for_approval, prepare_resume, rejection
 from lousho.run_context import AgentDriftWarning, DriftPolicy, RunContext, RunResult, load_stored
 from lousho.subagents import SubAgentInput, child_session_id
+from lousho.tools import interrupted_result
 
 __all__ = ["AgentDriftWarning", "DriftPolicy", "Run", "RunResult"]
 
@@ -120,6 +122,13 @@ class Run(RunContext):
         sub-agent pauses, this run pauses on the same approval."""
         planned: list[PlannedCall] = []
         for call in calls:
+            interrupted = interruption_of(self.agent, call, checkpoint.started_calls)
+            if interrupted == "ask":  # it may have run: a human says what it did (issue #17)
+                checkpoint = await self.run_calls(checkpoint, planned)
+                return await self.pause(checkpoint, call, kind="interrupted")
+            if interrupted == "fail":
+                planned.append(PlannedCall(call, result=interrupted_result(call.name), preset=True))
+                continue
             plan = await plan_tool_call(call, self.agent, self.tool_context(call))
             if plan.needs_approval:
                 checkpoint = await self.run_calls(checkpoint, planned)
@@ -147,6 +156,9 @@ class Run(RunContext):
             while True:
                 while len(running) < self.agent.definition.tool_concurrency and (item := next(queue, None)):
                     index, plan = item
+                    if not plan.preset and needs_start_mark(self.agent, plan.call, checkpoint):
+                        # Saved before it runs, so a resume after a crash knows it may have run (issue #17).
+                        checkpoint = self.latest = await self.save(mark_started(checkpoint, plan.call.id))
                     call_run = run_planned_call(plan, self.agent, self.tool_context(plan.call))
                     running[asyncio.ensure_future(call_run)] = index
                 while recorded in results:
@@ -160,7 +172,7 @@ class Run(RunContext):
                 done, _ = await asyncio.wait({*running, aborted}, return_when=asyncio.FIRST_COMPLETED)
                 for task in done - {aborted}:
                     results[running.pop(task)] = task.result()
-                if aborted in done:
+                if aborted in done or self.signal.aborted:
                     self._finished_early = {planned[i].call.id: r for i, r in results.items()}
                     raise RunAborted(self.signal.reason)
         finally:
@@ -170,19 +182,40 @@ class Run(RunContext):
 
     async def abort(self, checkpoint: Checkpoint) -> RunResult:
         """Stop the run at `checkpoint` (usually `latest`): every unfinished call of the turn gets
-        its result if it finished, else 'cancelled'; the run stays 'in-progress'."""
+        its result if it finished, else 'cancelled'; the run stays 'in-progress'.
+
+        A call that was running and is not 'rerun' on interruption (it is in `started_calls`) may have
+        done its work: a 'fail' tool gets `interrupted_result`; at an 'ask' tool's call the results stop,
+        and the session pauses on an interrupted-call approval, which the next resume shows; the calls
+        after it run once it is decided (issue #17)."""
         if checkpoint.status == "awaiting-approval":
             return RunResult.of(checkpoint, "awaiting-approval")
         for call in checkpoint.pending_tool_calls():
-            checkpoint = record_tool_result(checkpoint, call, self._finished_early.get(call.id, CANCELLED_RESULT))
+            result = self._finished_early.get(call.id, CANCELLED_RESULT)
+            # A call cut short ('cancelled') may have done its work; one that returned has its result.
+            cut_short = result is CANCELLED_RESULT
+            interrupted = interruption_of(self.agent, call, checkpoint.started_calls) if cut_short else None
+            if interrupted == "ask":
+                paused = await self.pause(checkpoint, call, kind="interrupted")
+                await self.emit(FinishedEvent(finish_reason="aborted"))
+                return RunResult.of(paused, "aborted")
+            checkpoint = record_tool_result(
+                checkpoint, call, interrupted_result(call.name) if interrupted == "fail" else result
+            )
         checkpoint = await self.save(checkpoint.model_copy(update={"status": "in-progress"}))
         await self.emit(FinishedEvent(finish_reason="aborted"))
         return RunResult.of(checkpoint, "aborted")
 
     # -- approvals (the pause itself: pausing.py) ------------------------------
 
-    async def pause(self, checkpoint: Checkpoint, call: ToolCall, child_approval_id: str | None = None) -> Checkpoint:
-        return await pause_for_approval(self, checkpoint, call, child_approval_id)
+    async def pause(
+        self,
+        checkpoint: Checkpoint,
+        call: ToolCall,
+        child_approval_id: str | None = None,
+        kind: ApprovalKind = "approval",
+    ) -> Checkpoint:
+        return await pause_for_approval(self, checkpoint, call, child_approval_id, kind)
 
     async def apply_decision(
         self, snapshot: ApprovalSnapshot, checkpoint: Checkpoint, source: ApprovalStore | None
@@ -207,6 +240,13 @@ class Run(RunContext):
         if snapshot.child is not None and tool is not None and tool.sub_agent is not None:
             child = await self._resume_sub_agent(call, tool.sub_agent, snapshot)
             checkpoint = await self.record_sub_agent_result(checkpoint, call, child)
+        elif snapshot.kind == "interrupted":  # run it again, or record what the human said it did (issue #17)
+            rerun, result = decided_interrupted_result(snapshot)
+            if rerun:
+                plan = await plan_tool_call(call, self.agent, self.tool_context(call), skip_approval=True)
+            else:
+                plan = PlannedCall(call, result=result, preset=True)
+            checkpoint = await self.run_calls(checkpoint, [plan])
         elif snapshot.status == "approved":
             plan = await plan_tool_call(call, self.agent, self.tool_context(call), skip_approval=True)
             checkpoint = await self.run_calls(checkpoint, [plan])

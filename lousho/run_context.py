@@ -111,7 +111,10 @@ class RunContext:
     drives the steps sets it after each one."""
 
     def __post_init__(self) -> None:
-        gated = [t.name for t in self.agent.tools.values() if t.needs_approval is not False]
+        # An 'ask' tool pauses on an interrupted-call approval after a crash or an abort (issue #17).
+        gated = [
+            t.name for t in self.agent.tools.values() if t.needs_approval is not False or t.on_interrupted == "ask"
+        ]
         if gated and self.approval_store is None:
             raise ConfigurationError(
                 f"tools {', '.join(gated)} may need approval: pass approval_store= (for example memory_store().approvals)"

@@ -6,13 +6,19 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from lousho.abort import AbortSignal
+from lousho.errors import ConfigurationError
 
-__all__ = ["Tool", "ToolContext", "define_tool", "tool_error"]
+__all__ = ["InterruptPolicy", "Tool", "ToolContext", "define_tool", "interrupted_result", "tool_error"]
+
+InterruptPolicy = Literal["rerun", "ask", "fail"]
+"""What happens to a call that may have run when its run was interrupted (issue #17):
+'rerun' runs it again with the same `tool_call_id`; 'ask' pauses the session on an interrupted-call
+approval; 'fail' records `interrupted_result` and lets the model decide (docs/interrupted-calls.md)."""
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 ToolFn = Callable[[Any, "ToolContext"], Any]
@@ -45,6 +51,8 @@ class Tool(Generic[ArgsT]):
     needs_approval: bool | ApprovalFn = False
     sub_agent: Any = None
     """Set by `agent_tool()`: the `Agent` this tool runs (its pauses pause the caller's run)."""
+    on_interrupted: InterruptPolicy = "rerun"
+    """What a call that may have run before its run was interrupted does next (issue #17)."""
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments, as sent to the model."""
@@ -79,13 +87,27 @@ def define_tool(
     input: type[ArgsT],
     execute: ToolFn,
     needs_approval: bool | ApprovalFn = False,
+    on_interrupted: InterruptPolicy = "rerun",
 ) -> Tool[ArgsT]:
-    """Define a tool: `input` is a pydantic model of its arguments; `execute(args, ctx)` may be sync or async."""
-    if not isinstance(input, type) or not issubclass(input, BaseModel):
-        from lousho.errors import ConfigurationError
+    """Define a tool: `input` is a pydantic model of its arguments; `execute(args, ctx)` may be sync or async.
 
+    `on_interrupted` says what a call that was running when its worker died (or its run was aborted)
+    does next: 'rerun' (run it again, same `tool_call_id`), 'ask' (a human decides) or 'fail' (an
+    error result the model reads); docs/interrupted-calls.md (issue #17)."""
+    if not isinstance(input, type) or not issubclass(input, BaseModel):
         raise ConfigurationError(f"tool {name!r}: `input` must be a pydantic BaseModel subclass, got {input!r}")
-    return Tool(name=name, description=description, input=input, execute=execute, needs_approval=needs_approval)
+    if on_interrupted not in get_args(InterruptPolicy):
+        raise ConfigurationError(
+            f"tool {name!r}: on_interrupted must be one of 'rerun', 'ask', 'fail'; got {on_interrupted!r}"
+        )
+    return Tool(
+        name=name,
+        description=description,
+        input=input,
+        execute=execute,
+        needs_approval=needs_approval,
+        on_interrupted=on_interrupted,
+    )
 
 
 def tool_error(error: str, note: str | None = None) -> dict[str, Any]:
@@ -94,6 +116,17 @@ def tool_error(error: str, note: str | None = None) -> dict[str, Any]:
     if note is not None:
         result["note"] = note
     return result
+
+
+def interrupted_result(tool_name: str, note: str | None = None) -> dict[str, Any]:
+    """The result of a call that may have run when its run was interrupted and is not run again
+    (`on_interrupted='fail'`, or a human's 'fail' on an interrupted-call approval; issue #17)."""
+    return tool_error(
+        "interrupted",
+        note
+        or f"The call to {tool_name} was running when its run was interrupted (its worker died, or the run was "
+        "aborted): it may have run, and it was not run again. Check its effect before calling it again.",
+    )
 
 
 def describe_validation_error(exc: ValidationError) -> str:

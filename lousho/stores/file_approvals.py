@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
+from lousho.approvals import (
+    REOPENED,
+    ApprovalSnapshot,
+    InterruptedAction,
+    decided_update,
+    decode_snapshot,
+    parse_decision,
+)
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.file_folder import Folder, atomic_write, file_name, read_file
 from lousho.stores.listing import Listing, read_each, waiting
@@ -31,7 +39,14 @@ class FileApprovalStore:
             raw = read_file(self._path(approval_id))
         return None if raw is None else decode_snapshot(approval_id, raw)
 
-    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+    def decide(
+        self,
+        approval_id: str,
+        approved: bool,
+        note: str | None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
+    ) -> ApprovalSnapshot:
         parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         with self._folder.locked(f"approval-{file_name(approval_id)}"):
             snapshot = self.load(approval_id)
@@ -43,8 +58,7 @@ class FileApprovalStore:
                 raise ApprovalAlreadyResolvedError(
                     f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; it is not run again"
                 )
-            status = "approved" if approved else "rejected"
-            decided = snapshot.model_copy(update={"status": status, "note": note, "decided_at": utc_now()})
+            decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
             with self._folder.translate():
                 atomic_write(self._path(approval_id), decided.model_dump_json().encode())
             return decided
@@ -54,7 +68,7 @@ class FileApprovalStore:
         with self._folder.locked(f"approval-{file_name(approval_id)}"):
             snapshot = self.load(approval_id)
             if snapshot is not None:
-                reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
+                reopened = snapshot.model_copy(update=REOPENED)
                 with self._folder.translate():
                     atomic_write(self._path(approval_id), reopened.model_dump_json().encode())
 

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
+from lousho.approvals import (
+    REOPENED,
+    ApprovalSnapshot,
+    InterruptedAction,
+    decided_update,
+    decode_snapshot,
+    parse_decision,
+    utc_now,
+)
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptCheckpointError
 from lousho.messages import Message
@@ -184,7 +192,14 @@ class MemoryApprovalStore:
             raw = self._snapshots.get(approval_id)
         return None if raw is None else decode_snapshot(approval_id, raw)
 
-    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+    def decide(
+        self,
+        approval_id: str,
+        approved: bool,
+        note: str | None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
+    ) -> ApprovalSnapshot:
         parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         with self._lock:
             snapshot = self.load(approval_id)
@@ -194,9 +209,7 @@ class MemoryApprovalStore:
                 raise ApprovalAlreadyResolvedError(
                     f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; it is not run again"
                 )
-            decided = snapshot.model_copy(
-                update={"status": "approved" if approved else "rejected", "note": note, "decided_at": utc_now()}
-            )
+            decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
             self._snapshots[approval_id] = decided.model_dump_json()
             return decided
 
@@ -204,7 +217,7 @@ class MemoryApprovalStore:
         with self._lock:
             snapshot = self.load(approval_id)
             if snapshot is not None:
-                reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
+                reopened = snapshot.model_copy(update=REOPENED)
                 self._snapshots[approval_id] = reopened.model_dump_json()
 
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:

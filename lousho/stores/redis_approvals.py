@@ -13,11 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import cast
+from typing import Any, cast
 
 import redis
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
+from lousho.approvals import (
+    REOPENED,
+    ApprovalSnapshot,
+    InterruptedAction,
+    decided_update,
+    decode_snapshot,
+    parse_decision,
+)
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.listing import Listing, read_each, waiting
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
@@ -47,8 +54,16 @@ class RedisApprovalStore:
             raw = cast(bytes | str | None, self.client.get(self.keys.approval(approval_id)))
         return None if raw is None else decode_snapshot(approval_id, raw)
 
-    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
-        """Move a pending approval to approved/rejected; a second decision raises, whoever made it."""
+    def decide(
+        self,
+        approval_id: str,
+        approved: bool,
+        note: str | None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
+    ) -> ApprovalSnapshot:
+        """Move a pending approval to approved/rejected; a second decision raises, whoever made it.
+        `action`, `result`: an interrupted call's answer (`decided_update`, issue #17)."""
         parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
 
         def change(snapshot: ApprovalSnapshot) -> ApprovalSnapshot:
@@ -57,9 +72,7 @@ class RedisApprovalStore:
                     f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; "
                     "it is not run again"
                 )
-            return snapshot.model_copy(
-                update={"status": "approved" if approved else "rejected", "note": note, "decided_at": utc_now()}
-            )
+            return snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
 
         decided = self._update(approval_id, change, action=f"decide approval {approval_id!r}")
         if decided is None:
@@ -70,7 +83,7 @@ class RedisApprovalStore:
         """Put a decided approval back to pending (its decision could not be applied); unknown ids are ignored."""
         self._update(
             approval_id,
-            lambda s: s.model_copy(update={"status": "pending", "note": None, "decided_at": None}),
+            lambda s: s.model_copy(update=REOPENED),
             action=f"reopen approval {approval_id!r}",
         )
 

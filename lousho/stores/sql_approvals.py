@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from lousho.approvals import ApprovalSnapshot, decode_snapshot, parse_decision, utc_now
+from lousho.approvals import (
+    REOPENED,
+    ApprovalSnapshot,
+    InterruptedAction,
+    decided_update,
+    decode_snapshot,
+    parse_decision,
+)
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.sql_database import SqlDatabase
@@ -39,7 +48,14 @@ class SqlApprovalStore:
         found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
         return None if found is None else decode_snapshot(approval_id, found)
 
-    def decide(self, approval_id: str, approved: bool, note: str | None) -> ApprovalSnapshot:
+    def decide(
+        self,
+        approval_id: str,
+        approved: bool,
+        note: str | None,
+        action: InterruptedAction | None = None,
+        result: Any = None,
+    ) -> ApprovalSnapshot:
         parse_decision({"id": approval_id, "approved": approved, "note": note})  # strict, before any write (issue #21)
         table = self._db.approvals
         with self._db.write() as conn:
@@ -48,8 +64,8 @@ class SqlApprovalStore:
                 raise ApprovalNotFoundError(f"no approval {approval_id!r} in {self._db.label}; check the id and store")
             if snapshot.status != "pending":
                 raise _already_resolved(snapshot)
-            status = "approved" if approved else "rejected"
-            decided = snapshot.model_copy(update={"status": status, "note": note, "decided_at": utc_now()})
+            decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
+            status = decided.status
             pending = sa.and_(table.c.id == approval_id, table.c.status == "pending")
             updated = conn.execute(table.update().where(pending).values(status=status, data=decided.model_dump_json()))
             if updated.rowcount != 1:  # PostgreSQL: another transaction decided it after our read
@@ -62,7 +78,7 @@ class SqlApprovalStore:
         with self._db.write() as conn:
             snapshot = self._load(conn, approval_id)
             if snapshot is not None:
-                reopened = snapshot.model_copy(update={"status": "pending", "note": None, "decided_at": None})
+                reopened = snapshot.model_copy(update=REOPENED)
                 values = {"status": "pending", "data": reopened.model_dump_json()}
                 conn.execute(table.update().where(table.c.id == approval_id).values(**values))
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from lousho.approvals import ApprovalSnapshot, utc_now
 from lousho.checkpoint import Checkpoint
 from lousho.engine import record_tool_result
+from lousho.interruptions import decided_interrupted_result
 from lousho.pausing import NOT_RUN, prepare_resume, rejection
 from lousho.run import Run
 
@@ -34,7 +35,12 @@ async def apply_decided_approval(steps: SessionSteps, run: Run, checkpoint: Chec
         # sub-agent applies the decision to its own call (sub_agents.py).
         return await steps.dispatch(run, await run.save(resumed))
     call = snapshot.tool_call
-    if snapshot.status == "rejected":
+    if snapshot.kind == "interrupted":  # run it again, or commit what the human said it did (issue #17)
+        rerun, result = decided_interrupted_result(snapshot)
+        if not rerun:
+            steps.commit_result(checkpoint, call.id, result)
+            return await steps.dispatch(run, checkpoint)
+    elif snapshot.status == "rejected":
         steps.commit_result(checkpoint, call.id, rejection(snapshot))
         return await steps.dispatch(run, checkpoint)
     steps.send_tools(checkpoint, [call], redispatch=True)

@@ -49,6 +49,7 @@ from lousho.stores.redis_common import redis_errors
 from lousho.worker.approving import apply_decided_approval, fold_decided_approval
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
+from lousho.worker.interrupted import is_marked_interrupted
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
@@ -313,6 +314,11 @@ class SessionSteps:
                 return "turn-enqueued"
             window, children, settled = [], 0, False
             for call in [c for c in pending if c.id not in results]:
+                if is_marked_interrupted(self, run, checkpoint, call):  # it may have run (issue #17)
+                    if call.id == pending[0].id:
+                        await run.pause(checkpoint, call, kind="interrupted")
+                        return "awaiting-approval"
+                    break
                 plan = await plan_tool_call(call, run.agent, run.tool_context(call))
                 if plan.preset:  # committed here, folded on the next pass
                     settled = self.commit_result(checkpoint, call.id, plan.result) or settled

@@ -25,6 +25,7 @@ from lousho.messages import ToolCall
 from lousho.run import Run
 from lousho.tools import tool_error
 from lousho.worker.heartbeat import heartbeat
+from lousho.worker.interrupted import interrupted_plan, mark_interrupted
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall, running_calls
 from lousho.worker.scripts import CallBegun, CallState
@@ -58,7 +59,12 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     steps.abort_flag = begun.aborted
     try:
         run = await steps.make_run(checkpoint, call_lease)
-        plan = await _plan(steps, run, checkpoint, call)
+        interrupted = interrupted_plan(steps, run, checkpoint, call, begun)  # issue #17
+        if interrupted == "ask":  # not run again: the fold pauses the session on it
+            mark_interrupted(steps, running.field)
+            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+            return await fold_when_free(steps)
+        plan = interrupted if isinstance(interrupted, PlannedCall) else await _plan(steps, run, checkpoint, call)
         if plan is None:
             steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
             return "waiting-for-approval"

@@ -1,0 +1,73 @@
+"""`on_interrupted` on the fleet (issue #17): a tool call started again after a start that never
+committed a result (its worker died in the middle: lua/call_begin.lua counts every start) may have
+run. A 'fail' tool's call records `interrupted_result` instead of running; an 'ask' tool's call marks
+itself interrupted in the session's attempts hash (`interrupted:<turn>:<call id>`), takes its start
+back and leaves the fold to pause the session on an interrupted-call approval (`dispatch`). Once a
+human decided it, 'rerun' sends the call again and its task runs it; 'record' and 'fail' commit the
+result (`worker/approving.py`). See lousho/interruptions.py for the in-process side.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lousho.checkpoint import Checkpoint
+from lousho.engine import PlannedCall
+from lousho.fleet.dispatch import tool_turn
+from lousho.fleet.keys import result_field
+from lousho.interruptions import interruption_of
+from lousho.messages import ToolCall
+from lousho.run import Run
+from lousho.stores.redis_common import redis_errors
+from lousho.tools import interrupted_result
+from lousho.worker.scripts import CallBegun
+
+if TYPE_CHECKING:
+    from lousho.worker.steps import SessionSteps
+
+__all__ = ["INTERRUPTED", "interrupted_plan", "is_marked_interrupted", "mark_interrupted"]
+
+INTERRUPTED = "interrupted:"
+"""The prefix of an 'ask' call's mark in the session's attempts hash: '<prefix><turn>:<call id>'."""
+
+
+def interrupted_plan(
+    steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall, begun: CallBegun
+) -> PlannedCall | str | None:
+    """What a started call does instead of running, when an earlier start of it died: 'ask' (to pause
+    on), a plan recording the interrupted error ('fail'), or None: it runs (a 'rerun' tool, a first
+    start, or a human decided to run it again)."""
+    started = {call.id} if begun.starts + begun.shared > 1 else set()
+    policy = interruption_of(run.agent, call, started)
+    if policy is None or _rerun_decided(steps, checkpoint, call):
+        return None
+    if policy == "fail":
+        return PlannedCall(call, result=interrupted_result(call.name), preset=True)
+    return "ask"
+
+
+def _rerun_decided(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall) -> bool:
+    snapshot = steps.approval(checkpoint) if checkpoint.status == "awaiting-approval" else None
+    return (
+        snapshot is not None
+        and snapshot.kind == "interrupted"
+        and snapshot.tool_call.id == call.id
+        and snapshot.status != "pending"
+        and snapshot.interrupted_action == "rerun"
+    )
+
+
+def mark_interrupted(steps: SessionSteps, field: str) -> None:
+    """Leave the mark the fold pauses on (`is_marked_interrupted`); it goes with the turn's state."""
+    steps.scripts.count(steps.session_id, steps.epoch or "", f"{INTERRUPTED}{field}", 1)
+
+
+def is_marked_interrupted(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall) -> bool:
+    """True when `call` is an 'ask' tool's whose task found it interrupted: the session pauses on it.
+    Read only for 'ask' tools, so a turn without one costs no round trip."""
+    tool = run.agent.tools.get(call.name)
+    if tool is None or tool.on_interrupted != "ask":
+        return False
+    field = f"{INTERRUPTED}{result_field(tool_turn(checkpoint), call.id)}"
+    with redis_errors(steps.client, f"read the interrupted mark of call {call.id!r} of {steps.session_id!r}"):
+        return bool(steps.client.hexists(steps.keys.attempts(steps.session_id), field))
