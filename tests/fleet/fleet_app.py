@@ -145,6 +145,9 @@ agent = Agent(
     tools=[
         define_tool(name="work", description="Do some work", input=Work, execute=work),
         define_tool(name="charge", description="Charge money", input=Charge, execute=charge, needs_approval=True),
+        # `work` whose interrupted calls are not re-run (issue #17: tests/fleet/test_interrupted_calls_fleet.py)
+        define_tool(name="mail_ask", description="Send mail", input=Work, execute=work, on_interrupted="ask"),
+        define_tool(name="mail_fail", description="Send mail", input=Work, execute=work, on_interrupted="fail"),
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
