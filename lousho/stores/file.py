@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from lousho.store_bundle import SessionsOfCheckpoints
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_approvals import FileApprovalStore
 from lousho.stores.file_checkpoints import FileCheckpointStore, FilePruned
 from lousho.stores.file_folder import Folder, atomic_write
@@ -35,15 +36,19 @@ __all__ = ["FileApprovalStore", "FileCheckpointStore", "FilePruned", "FileStore"
 
 class FileStore(SessionsOfCheckpoints):
     """A store bundle (`lousho.StoreBundle`) in one folder (created if missing): `.checkpoints`, `.approvals`,
-    `sessions()`, `prune()`, `delete()`."""
+    `sessions()`, `prune()`, `delete()`. `codec` compresses and encrypts messages, heads' secret fields and
+    approvals (issue #17, off by default)."""
 
     checkpoints: FileCheckpointStore
 
-    def __init__(self, dir: str | os.PathLike[str] = "./.lousho/store", *, history_limit: int = 50) -> None:
+    def __init__(
+        self, dir: str | os.PathLike[str] = "./.lousho/store", *, history_limit: int = 50, codec: PayloadCodec = PLAIN
+    ) -> None:
         folder = Folder(dir)
         self.dir = folder.root
-        self.checkpoints = FileCheckpointStore(folder, history_limit=history_limit)
-        self.approvals = FileApprovalStore(folder)
+        self.codec = codec
+        self.checkpoints = FileCheckpointStore(folder, history_limit=history_limit, codec=codec)
+        self.approvals = FileApprovalStore(folder, codec=codec)
 
     def __repr__(self) -> str:
         return f"FileStore({str(self.dir)!r})"

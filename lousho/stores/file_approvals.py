@@ -15,6 +15,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_folder import Folder, atomic_write, file_name, read_file
 from lousho.stores.listing import Listing, read_each, waiting
 
@@ -24,20 +25,28 @@ __all__ = ["FileApprovalStore"]
 class FileApprovalStore:
     """Approval snapshots, one file each; `decide` holds the approval's lock, so exactly one caller wins."""
 
-    def __init__(self, directory: str | os.PathLike[str] | Folder) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | Folder, *, codec: PayloadCodec = PLAIN) -> None:
+        """`codec`: encodes each snapshot file (issue #17)."""
         self._folder = directory if isinstance(directory, Folder) else Folder(directory)
+        self._codec = codec
+
+    def _encode(self, snapshot: ApprovalSnapshot) -> bytes:
+        return self._codec.encode_text(snapshot.model_dump_json()).encode()
+
+    def _decode(self, approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
+        return decode_snapshot(approval_id, self._codec.decode_text(raw))
 
     def _path(self, approval_id: str) -> Path:
         return self._folder.approvals / f"{file_name(approval_id)}.json"
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         with self._folder.locked(f"approval-{file_name(snapshot.id)}"), self._folder.translate():
-            atomic_write(self._path(snapshot.id), snapshot.model_dump_json().encode())
+            atomic_write(self._path(snapshot.id), self._encode(snapshot))
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with self._folder.translate():
             raw = read_file(self._path(approval_id))
-        return None if raw is None else decode_snapshot(approval_id, raw)
+        return None if raw is None else self._decode(approval_id, raw)
 
     def decide(
         self,
@@ -60,7 +69,7 @@ class FileApprovalStore:
                 )
             decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
             with self._folder.translate():
-                atomic_write(self._path(approval_id), decided.model_dump_json().encode())
+                atomic_write(self._path(approval_id), self._encode(decided))
             return decided
 
     def reopen(self, approval_id: str) -> None:
@@ -70,7 +79,7 @@ class FileApprovalStore:
             if snapshot is not None:
                 reopened = snapshot.model_copy(update=REOPENED)
                 with self._folder.translate():
-                    atomic_write(self._path(approval_id), reopened.model_dump_json().encode())
+                    atomic_write(self._path(approval_id), self._encode(reopened))
 
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
@@ -80,7 +89,7 @@ class FileApprovalStore:
                 for name in self._folder.names(self._folder.approvals)
             ]
         found = [(name, raw) for name, raw in raws if raw is not None]
-        return waiting(read_each(found, decode_snapshot, what="approval"), session_id)
+        return waiting(read_each(found, self._decode, what="approval"), session_id)
 
     def put_raw(self, approval_id: str, raw: str | bytes) -> None:
         """Store `raw` as an approval's snapshot without checking it (tests of corrupt records)."""

@@ -31,8 +31,9 @@ from typing import Any
 
 from lousho.approvals import utc_now
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint
-from lousho.errors import CorruptCheckpointError, SDKError
+from lousho.errors import CorruptCheckpointError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_messages import Extent, append_lines, read_lines
 from lousho.stores.listing import Listing, read_each
@@ -66,10 +67,17 @@ class FileCheckpointStore:
     """Latest checkpoint per session as a head file, its messages in a file of their own, plus a history file."""
 
     def __init__(
-        self, directory: str | os.PathLike[str] | Folder, *, history_limit: int = 50, cache_size: int = 1024
+        self,
+        directory: str | os.PathLike[str] | Folder,
+        *,
+        history_limit: int = 50,
+        cache_size: int = 1024,
+        codec: PayloadCodec = PLAIN,
     ) -> None:
+        """`codec`: seals heads' secret fields and encodes message lines (issue #17)."""
         self._folder = directory if isinstance(directory, Folder) else Folder(directory)
         self.history_limit = history_limit
+        self._codec = codec
         self._cache = SessionCache(cache_size)
 
     def _path(self, name: str) -> Path:
@@ -105,11 +113,12 @@ class FileCheckpointStore:
             session_id,
             checkpoint,
             head,
-            lambda h: Transcript(session_id, read_lines(session_id, messages, extent)).texts(h.segments),
+            lambda h: Transcript(session_id, read_lines(session_id, messages, extent), self._codec).texts(h.segments),
+            self._codec,
         )
         lines, size = append_lines(session_id, self._messages_path(name), extent, texts)
         segments = extend_segments(segments, extent[0], len(texts))
-        record = encode_record(checkpoint, writer, segments, n=lines, b=size)
+        record = encode_record(checkpoint, writer, segments, codec=self._codec, n=lines, b=size)
         atomic_write(self._path(name), record.encode())
         if self.history_limit > 0:
             entry = '{"saved_at": ' + json.dumps(utc_now()) + ', "checkpoint": ' + record + "}"
@@ -120,7 +129,7 @@ class FileCheckpointStore:
         if raw is None:
             check_version(session_id, None, checkpoint)
             return None
-        data, head = split_record(session_id, raw)
+        data, head = split_record(session_id, raw, self._codec)  # a wrong key raises here, before any write
         if head is not None:
             if not _valid_extent(head):
                 raise CorruptCheckpointError(session_id, "its store header is damaged")
@@ -137,13 +146,13 @@ class FileCheckpointStore:
             raw = read_file(self._path(name))
             if raw is None:
                 return None
-            data, head = split_record(session_id, raw)
+            data, head = split_record(session_id, raw, self._codec)
             if head is None:
                 return decode_checkpoint(session_id, data)
             if not _valid_extent(head):
                 raise CorruptCheckpointError(session_id, "its store header is damaged")
             lines = read_lines(session_id, self._messages_path(name), _extent(head))
-        data["messages"] = Transcript(session_id, lines).take(head.segments)
+        data["messages"] = Transcript(session_id, lines, self._codec).take(head.segments)
         checkpoint = decode_checkpoint(session_id, data)
         self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
         return checkpoint
@@ -204,12 +213,18 @@ class FileCheckpointStore:
         with self._folder.shared(f"cp-{name}"), self._folder.translate():
             records = []
             for entry in self._entries(name)[:limit]:
-                with suppress(KeyError, SDKError):
-                    records.append((str(entry["saved_at"]), *split_record(session_id, entry["checkpoint"])))
+                try:
+                    records.append(
+                        (str(entry["saved_at"]), *split_record(session_id, entry["checkpoint"], self._codec))
+                    )
+                except PayloadKeyError:  # the store lacks a key: an error to fix, not an entry to skip (issue #17)
+                    raise
+                except (KeyError, SDKError):
+                    continue
             heads = [head for _, _, head in records if head is not None and _valid_extent(head)]
             extent = max((_extent(head) for head in heads), default=(0, 0))
             lines = read_lines(session_id, self._messages_path(name), extent, strict=False)
-        transcript, result = Transcript(session_id, lines), []
+        transcript, result = Transcript(session_id, lines, self._codec), []
         for saved_at, data, head in records:
             try:
                 if head is not None:
@@ -217,6 +232,8 @@ class FileCheckpointStore:
                         continue
                     data["messages"] = transcript.take(head.segments)
                 checkpoint = decode_checkpoint(session_id, data)
+            except PayloadKeyError:
+                raise
             except SDKError:
                 continue
             result.append(

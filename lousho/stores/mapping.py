@@ -27,6 +27,7 @@ from typing import Any
 
 from lousho.errors import StoreUnavailableError
 from lousho.store_bundle import SessionsOfCheckpoints
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.mapping_checkpoints import MappingCheckpointStore
 from lousho.stores.mapping_keys import MappingKeys, Prefixed, TextMapping
 from lousho.stores.memory import MemoryApprovalStore
@@ -46,6 +47,7 @@ class MappingStore(SessionsOfCheckpoints):
     - `history_limit`: saves kept per session in the history ring (default 50, 0 keeps none).
     - `prefix`: every key starts with it, so the mapping may hold other things too.
     - `owns`: `close()` closes the mapping (True for a `dbm_store`; a mapping you pass stays yours).
+    - `codec`: compresses and encrypts messages, heads' secret fields and approvals (issue #17, off by default).
     """
 
     checkpoints: MappingCheckpointStore
@@ -57,13 +59,15 @@ class MappingStore(SessionsOfCheckpoints):
         history_limit: int = 50,
         prefix: str = "lousho:",
         owns: bool = False,
+        codec: PayloadCodec = PLAIN,
     ) -> None:
         self.mapping = mapping
         self.prefix = prefix
         self._owns = owns
         text, keys, lock = TextMapping(mapping), MappingKeys(prefix), threading.RLock()
-        self.checkpoints = MappingCheckpointStore(text, keys=keys, lock=lock, history_limit=history_limit)
-        self.approvals = MappingApprovalStore(Prefixed(text, keys.approvals), lock=lock)
+        self.codec = codec
+        self.checkpoints = MappingCheckpointStore(text, keys=keys, lock=lock, history_limit=history_limit, codec=codec)
+        self.approvals = MappingApprovalStore(Prefixed(text, keys.approvals), lock=lock, codec=codec)
 
     def close(self) -> None:
         """Close the mapping when this store opened it (`dbm_store`, a `dbm://` URL); else nothing."""
@@ -82,13 +86,15 @@ class MappingStore(SessionsOfCheckpoints):
 
 
 def mapping_store(
-    mapping: MutableMapping[Any, Any], *, history_limit: int = 50, prefix: str = "lousho:"
+    mapping: MutableMapping[Any, Any], *, history_limit: int = 50, prefix: str = "lousho:", codec: PayloadCodec = PLAIN
 ) -> MappingStore:
     """A store bundle in `mapping` (a dict, a `shelve`, a `dbm`); the mapping stays yours to close."""
-    return MappingStore(mapping, history_limit=history_limit, prefix=prefix)
+    return MappingStore(mapping, history_limit=history_limit, prefix=prefix, codec=codec)
 
 
-def dbm_store(path: str | os.PathLike[str], *, history_limit: int = 50, prefix: str = "lousho:") -> MappingStore:
+def dbm_store(
+    path: str | os.PathLike[str], *, history_limit: int = 50, prefix: str = "lousho:", codec: PayloadCodec = PLAIN
+) -> MappingStore:
     """A store bundle in the `dbm` file at `path` (created if missing, in whichever dbm flavour Python has:
     `dbm.gnu`, `dbm.ndbm`, else `dbm.dumb`; its folder too); `close()` closes it. One process at a time."""
     file = Path(path).expanduser()
@@ -97,7 +103,7 @@ def dbm_store(path: str | os.PathLike[str], *, history_limit: int = 50, prefix: 
         opened = dbm.open(str(file), "c")  # noqa: SIM115 - the store owns it: MappingStore.close()
     except (OSError, dbm.error[0]) as error:
         raise StoreUnavailableError(f"cannot open the dbm file {file}: {error}") from None
-    return MappingStore(opened, history_limit=history_limit, prefix=prefix, owns=True)
+    return MappingStore(opened, history_limit=history_limit, prefix=prefix, owns=True, codec=codec)
 
 
 def open_url(url: str, *, prefix: str = "lousho:") -> MappingStore:

@@ -28,8 +28,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_checkpoint, validate_session_id
-from lousho.errors import ConfigurationError, CorruptCheckpointError, SDKError
+from lousho.errors import ConfigurationError, CorruptCheckpointError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned, cutoff_of
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.mapping_keys import MappingKeys, TextMapping
 from lousho.stores.segments import (
@@ -57,7 +58,9 @@ class MappingCheckpointStore:
         lock: threading.RLock | None = None,
         history_limit: int = 50,
         cache_size: int = 1024,
+        codec: PayloadCodec = PLAIN,
     ) -> None:
+        """`codec`: seals heads' secret fields and encodes messages (issue #17)."""
         if history_limit < 0:
             raise ConfigurationError(f"history_limit must be 0 or more, not {history_limit}")
         self._data = data
@@ -65,6 +68,7 @@ class MappingCheckpointStore:
         self._lock = lock or threading.RLock()
         self.history_limit = history_limit
         self._cache = SessionCache(cache_size)
+        self._codec = codec
 
     # -- save, load ------------------------------------------------------------------------
 
@@ -77,13 +81,20 @@ class MappingCheckpointStore:
             lines = self._lines(session_id)
             base = _end([head] if head is not None else _entry_heads(session_id, lines))
             segments, texts = plan_save(
-                self._cache, session_id, checkpoint, head, lambda h: self._transcript(session_id, [h]).texts(h.segments)
+                self._cache,
+                session_id,
+                checkpoint,
+                head,
+                lambda h: self._transcript(session_id, [h]).texts(h.segments),
+                self._codec,
             )
             for offset, text in enumerate(texts):
                 self._data[keys.message(session_id, base + offset)] = text
             saved_at = datetime.now(UTC)
             segments = extend_segments(segments, base, len(texts))
-            record = encode_record(checkpoint, writer, segments, n=base + len(texts), t=_ms(saved_at))
+            record = encode_record(
+                checkpoint, writer, segments, codec=self._codec, n=base + len(texts), t=_ms(saved_at)
+            )
             self._data[keys.head(session_id)] = record
             if self.history_limit > 0:
                 entry = '{"saved_at": ' + json.dumps(saved_at.isoformat()) + ', "checkpoint": ' + record + "}"
@@ -98,7 +109,7 @@ class MappingCheckpointStore:
         if raw is None:
             check_version(session_id, None, checkpoint)
             return None
-        fields, head = _split(session_id, raw)
+        fields, head = _split(session_id, raw, self._codec)  # a wrong key raises here, before any write
         check_version(session_id, decode_checkpoint(session_id, fields).version, checkpoint)
         return head
 
@@ -108,7 +119,7 @@ class MappingCheckpointStore:
             raw = self._data.get(self._keys.head(session_id))
             if raw is None:
                 return None
-            fields, head = _split(session_id, raw)
+            fields, head = _split(session_id, raw, self._codec)
             if head is not None:
                 fields["messages"] = self._transcript(session_id, [head]).take(head.segments)
         checkpoint = decode_checkpoint(session_id, fields)
@@ -120,7 +131,7 @@ class MappingCheckpointStore:
         """The stored messages the heads name, by position (one read of each)."""
         positions = {p for head in heads for start, count in head.segments for p in range(start, start + count)}
         found = {p: self._data.get(self._keys.message(session_id, p)) for p in positions}
-        return Transcript(session_id, {p: text for p, text in found.items() if text is not None})
+        return Transcript(session_id, {p: text for p, text in found.items() if text is not None}, self._codec)
 
     # -- history ---------------------------------------------------------------------------
 
@@ -132,7 +143,8 @@ class MappingCheckpointStore:
         """The session's saves, newest first (at most `limit`), each as it was saved; entries that
         cannot be read are skipped."""
         with self._lock:
-            records = [(stamp, *fields) for stamp, fields in _entries(session_id, self._lines(session_id)[:limit])]
+            lines = self._lines(session_id)[:limit]
+            records = [(stamp, *fields) for stamp, fields in _entries(session_id, lines, self._codec)]
             transcript = self._transcript(session_id, [head for _, _, head in records if head is not None])
         result = []
         for saved_at, fields, head in records:
@@ -140,6 +152,8 @@ class MappingCheckpointStore:
                 if head is not None:
                     fields["messages"] = transcript.take(head.segments)
                 checkpoint = decode_checkpoint(session_id, fields)
+            except PayloadKeyError:  # the store lacks a key: an error to fix, not an entry to skip (issue #17)
+                raise
             except SDKError:
                 continue
             entry = HistoryEntry(
@@ -249,10 +263,11 @@ class MappingCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _split(session_id: str, raw: str) -> tuple[Any, Head | None]:
+def _split(session_id: str, raw: str, codec: PayloadCodec | None = None) -> tuple[Any, Head | None]:
     """A stored head's fields (messages empty when it names them) and header; a header that does not
-    account for the messages it names raises `CorruptCheckpointError`."""
-    fields, head = split_record(session_id, raw)
+    account for the messages it names raises `CorruptCheckpointError`. `codec` opens its sealed part
+    (None: left sealed, for a caller after the version or status alone)."""
+    fields, head = split_record(session_id, raw, codec)
     if head is not None:
         if not isinstance(head.extra.get("n"), int) or head.end > head.extra["n"]:
             raise CorruptCheckpointError(session_id, "its store header is damaged")
@@ -260,13 +275,20 @@ def _split(session_id: str, raw: str) -> tuple[Any, Head | None]:
     return fields, head
 
 
-def _entries(session_id: str, lines: list[str]) -> list[tuple[str, tuple[Any, Head | None]]]:
-    """The readable history lines as (saved_at, (fields, header)); a damaged line is left out."""
+def _entries(
+    session_id: str, lines: list[str], codec: PayloadCodec | None = None
+) -> list[tuple[str, tuple[Any, Head | None]]]:
+    """The readable history lines as (saved_at, (fields, header)); a damaged line is left out, a key
+    the codec lacks raises (issue #17)."""
     found = []
     for line in lines:
-        with suppress(ValueError, KeyError, TypeError, SDKError):
+        try:
             entry = json.loads(line)
-            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"])))
+            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"], codec)))
+        except PayloadKeyError:
+            raise
+        except (ValueError, KeyError, TypeError, SDKError):
+            continue
     return found
 
 

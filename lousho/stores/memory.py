@@ -9,6 +9,7 @@ JSON) fails here too.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from collections.abc import MutableMapping
@@ -29,6 +30,7 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_ch
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptCheckpointError
 from lousho.messages import Message
 from lousho.store_bundle import Pruned, SessionsOfCheckpoints, cutoff_of
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each, waiting
 
 if TYPE_CHECKING:
@@ -46,9 +48,18 @@ class _Record:
     """The session's append-only transcript, shared by its records (messages are frozen)."""
     count: int
 
-    def checkpoint(self, session_id: str) -> Checkpoint:
-        head = decode_checkpoint(session_id, self.head)
+    def checkpoint(self, session_id: str, codec: PayloadCodec = PLAIN) -> Checkpoint:
+        head = _decode_head(session_id, self.head, codec)
         return head.model_copy(update={"messages": self.transcript[: self.count]})
+
+
+def _decode_head(session_id: str, raw: str, codec: PayloadCodec) -> Checkpoint:
+    """A stored head, its sealed part opened by `codec` (issue #17); not JSON is left to `decode_checkpoint`."""
+    try:
+        fields = json.loads(raw)
+    except ValueError:
+        return decode_checkpoint(session_id, raw)
+    return decode_checkpoint(session_id, codec.open_fields(fields) if isinstance(fields, dict) else fields)
 
 
 def _transcript_for(previous: _Record | str | None, messages: list[Message]) -> list[Message]:
@@ -75,8 +86,10 @@ def _transcript_for(previous: _Record | str | None, messages: list[Message]) -> 
 class MemoryCheckpointStore:
     """Latest checkpoint per session plus a bounded history ring (`history_limit`, 0 keeps none)."""
 
-    def __init__(self, *, history_limit: int = 50) -> None:
+    def __init__(self, *, history_limit: int = 50, codec: PayloadCodec = PLAIN) -> None:
+        """`codec`: seals the heads' secret fields (issue #17); the messages stay objects of this process."""
         self.history_limit = history_limit
+        self.codec = codec
         self._latest: dict[str, _Record | str] = {}
         self._versions: dict[str, int] = {}
         self._history: dict[str, deque[tuple[str, _Record]]] = {}
@@ -85,7 +98,7 @@ class MemoryCheckpointStore:
         self._lock = threading.Lock()
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        head = checkpoint.model_dump_json(exclude={"messages"})
+        head = self.codec.seal_head(checkpoint)
         with self._lock:
             check_version(session_id, self._versions.get(session_id), checkpoint)
             transcript = _transcript_for(self._latest.get(session_id), checkpoint.messages)
@@ -102,8 +115,8 @@ class MemoryCheckpointStore:
         if stored is None:
             return None
         if isinstance(stored, _Record):
-            return stored.checkpoint(session_id)
-        return decode_checkpoint(session_id, stored)
+            return stored.checkpoint(session_id, self.codec)
+        return _decode_head(session_id, stored, self.codec)
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
         with self._lock:
@@ -116,7 +129,7 @@ class MemoryCheckpointStore:
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
         result = []
         for saved_at, record in list(self._history.get(session_id, ()))[:limit]:
-            checkpoint = record.checkpoint(session_id)
+            checkpoint = record.checkpoint(session_id, self.codec)
             result.append(
                 HistoryEntry(
                     step=checkpoint.step_index, saved_at=saved_at, status=checkpoint.status, checkpoint=checkpoint
@@ -178,19 +191,31 @@ class MemoryApprovalStore:
     in the user's mapping with this very code (issue #16); by default a dict of this process."""
 
     def __init__(
-        self, snapshots: MutableMapping[str, str] | None = None, *, lock: threading.RLock | None = None
+        self,
+        snapshots: MutableMapping[str, str] | None = None,
+        *,
+        lock: threading.RLock | None = None,
+        codec: PayloadCodec = PLAIN,
     ) -> None:
+        """`codec`: encodes each snapshot's JSON (issue #17)."""
         self._snapshots: MutableMapping[str, str] = {} if snapshots is None else snapshots
         self._lock = lock or threading.RLock()
+        self._codec = codec
+
+    def _encode(self, snapshot: ApprovalSnapshot) -> str:
+        return self._codec.encode_text(snapshot.model_dump_json())
+
+    def _decode(self, approval_id: str, raw: str) -> ApprovalSnapshot:
+        return decode_snapshot(approval_id, self._codec.decode_text(raw))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         with self._lock:
-            self._snapshots[snapshot.id] = snapshot.model_dump_json()
+            self._snapshots[snapshot.id] = self._encode(snapshot)
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with self._lock:
             raw = self._snapshots.get(approval_id)
-        return None if raw is None else decode_snapshot(approval_id, raw)
+        return None if raw is None else self._decode(approval_id, raw)
 
     def decide(
         self,
@@ -210,7 +235,7 @@ class MemoryApprovalStore:
                     f"approval {approval_id!r} was already {snapshot.status} at {snapshot.decided_at}; it is not run again"
                 )
             decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
-            self._snapshots[approval_id] = decided.model_dump_json()
+            self._snapshots[approval_id] = self._encode(decided)
             return decided
 
     def reopen(self, approval_id: str) -> None:
@@ -218,13 +243,13 @@ class MemoryApprovalStore:
             snapshot = self.load(approval_id)
             if snapshot is not None:
                 reopened = snapshot.model_copy(update=REOPENED)
-                self._snapshots[approval_id] = reopened.model_dump_json()
+                self._snapshots[approval_id] = self._encode(reopened)
 
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
         with self._lock:
             stored = list(self._snapshots.items())
-        return waiting(read_each(stored, decode_snapshot, what="approval"), session_id)
+        return waiting(read_each(stored, self._decode, what="approval"), session_id)
 
     def put_raw(self, approval_id: str, raw: str) -> None:
         """Store a raw value as an approval snapshot (tests of corrupt records)."""
@@ -241,23 +266,28 @@ class MemoryStore(SessionsOfCheckpoints):
 
 
 @overload
-def memory_store(history_limit: int = 50) -> MemoryStore: ...
+def memory_store(history_limit: int = 50, *, codec: PayloadCodec = PLAIN) -> MemoryStore: ...
 
 
 @overload
-def memory_store(history_limit: int = 50, *, storage: MutableMapping[Any, Any]) -> MappingStore: ...
+def memory_store(
+    history_limit: int = 50, *, storage: MutableMapping[Any, Any], codec: PayloadCodec = PLAIN
+) -> MappingStore: ...
 
 
 def memory_store(
-    history_limit: int = 50, *, storage: MutableMapping[Any, Any] | None = None
+    history_limit: int = 50, *, storage: MutableMapping[Any, Any] | None = None, codec: PayloadCodec = PLAIN
 ) -> MemoryStore | MappingStore:
     """Checkpoints (with a history ring of `history_limit` saves per session) and approvals, in memory.
 
     With `storage` (a dict, a `shelve`, a `dbm`: any mapping of str keys to str values), they live in that
     mapping instead, as JSON text: the mapping store, `mapping_store(storage)` (the reference's
-    `memoryStore` over a `LocalStorage`, issue #16)."""
+    `memoryStore` over a `LocalStorage`, issue #16). `codec`: the payload codec (issue #17)."""
     if storage is not None:
         from lousho.stores.mapping import MappingStore  # it builds on this module
 
-        return MappingStore(storage, history_limit=history_limit)
-    return MemoryStore(checkpoints=MemoryCheckpointStore(history_limit=history_limit), approvals=MemoryApprovalStore())
+        return MappingStore(storage, history_limit=history_limit, codec=codec)
+    return MemoryStore(
+        checkpoints=MemoryCheckpointStore(history_limit=history_limit, codec=codec),
+        approvals=MemoryApprovalStore(codec=codec),
+    )

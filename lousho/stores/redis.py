@@ -25,6 +25,7 @@ import redis
 
 from lousho.errors import ConfigurationError
 from lousho.store_bundle import Pruned, SessionsOfCheckpoints
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
@@ -46,6 +47,8 @@ class RedisStore(SessionsOfCheckpoints):
       work on `with_inflight_deadline(lease_ttl_ms)` of the store they are given.
     - `cache_size`: sessions whose last saved transcript this process remembers (to send only
       new messages); a cold or wrong cache only costs a save that sends the whole transcript.
+    - `codec`: compresses and encrypts messages, heads' secret fields, history and approvals
+      (`lousho.stores.codec.PayloadCodec`, issue #17); off by default.
     """
 
     checkpoints: RedisCheckpointStore
@@ -59,6 +62,7 @@ class RedisStore(SessionsOfCheckpoints):
         ttl_s: float | None = None,
         inflight_deadline_ms: int = 120_000,
         cache_size: int = 1024,
+        codec: PayloadCodec = PLAIN,
         **client_options: Any,
     ) -> None:
         if history_limit < 0:
@@ -87,8 +91,10 @@ class RedisStore(SessionsOfCheckpoints):
             ttl_ms=ttl_ms,
             inflight_deadline_ms=inflight_deadline_ms,
             cache_size=cache_size,
+            codec=codec,
         )
-        self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms)
+        self.codec = codec
+        self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms, codec=codec)
 
     def with_inflight_deadline(self, deadline_ms: int) -> RedisStore:
         """This store (its client, keys, approvals and cache) whose saves give an 'in-progress' session
@@ -105,6 +111,7 @@ class RedisStore(SessionsOfCheckpoints):
             ttl_ms=cps.ttl_ms,
             inflight_deadline_ms=deadline_ms,
             reader=cps.reader,
+            codec=cps.codec,
         )
         return view
 

@@ -26,6 +26,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each, waiting
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
 
@@ -37,10 +38,15 @@ _MGET_CHUNK = 500
 class RedisApprovalStore:
     """`ApprovalStore` on Redis; `decide` is atomic across processes."""
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, *, ttl_ms: int = 0) -> None:
+    def __init__(self, client: redis.Redis, keys: RedisKeys, *, ttl_ms: int = 0, codec: PayloadCodec = PLAIN) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = ttl_ms
+        self.codec = codec
+        """Encodes each snapshot as a whole (issue #17); the pending index keeps only ids and times."""
+
+    def _decode(self, approval_id: str, raw: bytes | str) -> ApprovalSnapshot:
+        return decode_snapshot(approval_id, self.codec.decode_text(raw))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         """Create or replace the snapshot, and its place in the pending index, in one transaction."""
@@ -52,7 +58,7 @@ class RedisApprovalStore:
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with redis_errors(self.client, f"load approval {approval_id!r}"):
             raw = cast(bytes | str | None, self.client.get(self.keys.approval(approval_id)))
-        return None if raw is None else decode_snapshot(approval_id, raw)
+        return None if raw is None else self._decode(approval_id, raw)
 
     def decide(
         self,
@@ -98,7 +104,7 @@ class RedisApprovalStore:
                 values = cast(list[bytes | str | None], self.client.mget([self.keys.approval(i) for i in chunk]))
                 raws.extend(zip(chunk, values, strict=True))
         found = [(i, raw) for i, raw in raws if raw is not None]
-        return waiting(read_each(found, decode_snapshot, what="approval"), session_id)
+        return waiting(read_each(found, self._decode, what="approval"), session_id)
 
     def put_raw(self, approval_id: str, raw: str | bytes) -> None:
         """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""
@@ -121,7 +127,7 @@ class RedisApprovalStore:
                     if raw is None:
                         pipe.unwatch()
                         return None
-                    changed = change(decode_snapshot(approval_id, raw))
+                    changed = change(self._decode(approval_id, raw))
                     pipe.multi()
                     self._queue_write(pipe, changed)
                     pipe.execute()
@@ -131,7 +137,7 @@ class RedisApprovalStore:
 
     def _queue_write(self, pipe: redis.client.Pipeline, snapshot: ApprovalSnapshot) -> None:
         key = self.keys.approval(snapshot.id)
-        pipe.set(key, snapshot.model_dump_json(), px=self.ttl_ms or None)
+        pipe.set(key, self.codec.encode_json(snapshot.model_dump_json()), px=self.ttl_ms or None)
         if snapshot.status == "pending":
             pipe.zadd(self.keys.pending_approvals, {snapshot.id: _created_ms(snapshot)})
         else:

@@ -38,6 +38,7 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -47,6 +48,7 @@ from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
@@ -68,7 +70,7 @@ class AndThen:
 
     script: Script
     keys: list[str]
-    args: list[str | int]
+    args: Sequence[str | int | bytes]
 
 
 class SaveSkipped(Exception):
@@ -89,6 +91,8 @@ class CheckpointReader:
 
     keys: RedisKeys
     cache: SessionCache
+    codec: PayloadCodec = PLAIN
+    """Decodes what the store's codec encoded (issue #17)."""
 
     def cached(self, session_id: str) -> Known | None:
         """What this process holds of the session's last save it made or read (None: nothing)."""
@@ -106,9 +110,11 @@ class CheckpointReader:
         if kind == "corrupt":
             raise CorruptCheckpointError(session_id, text(reply[1]))
         # 'known': this process holds the transcript of that very save (writer ids are unique).
-        messages = list(known.messages) if kind == "known" and known else parse_messages(session_id, reply[2:])
+        messages = (
+            list(known.messages) if kind == "known" and known else parse_messages(session_id, reply[2:], self.codec)
+        )
         checkpoint, meta = decode_record(
-            session_id, reply[1], lambda segments: check_count(session_id, segments, messages)
+            session_id, reply[1], lambda segments: check_count(session_id, segments, messages), self.codec
         )
         if meta is not None:
             self.cache.put(session_id, Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
@@ -138,14 +144,17 @@ class RedisCheckpointStore:
         inflight_deadline_ms: int = 120_000,
         cache_size: int = 1024,
         reader: CheckpointReader | None = None,
+        codec: PayloadCodec = PLAIN,
     ) -> None:
-        """`reader`: share another store's cache (`RedisStore.with_inflight_deadline`); else a new one."""
+        """`reader`: share another store's cache (`RedisStore.with_inflight_deadline`); else a new one.
+        `codec`: encodes heads' secret fields and messages (issue #17); the reader decodes with it."""
         self.client = client
         self.keys = keys
         self.history_limit = history_limit
         self.ttl_ms = ttl_ms
         self._inflight_deadline_ms = inflight_deadline_ms
-        self.reader = reader or CheckpointReader(keys, SessionCache(cache_size))
+        self.codec = codec
+        self.reader = reader or CheckpointReader(keys, SessionCache(cache_size), codec)
         self._cache = self.reader.cache
         self._save = load_script(client, "save")
         self._load = load_script(client, "load")
@@ -174,9 +183,15 @@ class RedisCheckpointStore:
             raise ValueError(f"fence key {fence[0]!r} is not a key of session {session_id!r}")
         if and_then is not None and fence is None:
             raise ValueError("save(and_then=...) needs fence=: the script after the save is given the lease key")
-        body = checkpoint.model_dump_json(exclude={"messages"})
+        body = self.codec.seal_head(checkpoint)
         writer_id = uuid.uuid4().hex
         known = self._cache.get(session_id)
+        if self.codec.active and (known is None or known.version != checkpoint.version - 1):
+            # Issue #17: encoded messages never equal byte for byte, so the script cannot find the stored
+            # prefix of a whole transcript; a read first fills the cache (the save then sends only new
+            # messages) and raises `PayloadKeyError` on a wrong key before anything is written.
+            self.load(session_id)
+            known = self._cache.get(session_id)
         request = _SaveRequest(session_id, checkpoint, body, writer_id, fence, and_then)
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
@@ -193,7 +208,7 @@ class RedisCheckpointStore:
         """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
         checkpoint, fence, and_then = request.checkpoint, request.fence, request.and_then
         new = checkpoint.messages[keep:] if expected else checkpoint.messages
-        args: list[str | int] = [
+        args: list[str | int | bytes] = [
             checkpoint.version,
             expected,
             keep,
@@ -205,7 +220,7 @@ class RedisCheckpointStore:
             request.session_id,
             fence[1] if fence else "",
             len(new),
-            *(message.model_dump_json() for message in new),
+            *(self.codec.encode_json(message.model_dump_json()) for message in new),
         ]
         keys = [*self.keys.session_keys(request.session_id), self.keys.inflight, *([fence[0]] if fence else [])]
         if and_then is None:
@@ -271,10 +286,10 @@ class RedisCheckpointStore:
         if text(reply[0]) == "corrupt":
             raise CorruptCheckpointError(session_id, text(reply[1]))
         count = int(reply[1])
-        entries, pool = reply[2 : 2 + count], MessagePool(session_id, reply[2 + count :])
+        entries, pool = reply[2 : 2 + count], MessagePool(session_id, reply[2 + count :], self.codec)
         result = []
         for raw in entries:
-            checkpoint, meta = decode_record(session_id, raw, pool.take)
+            checkpoint, meta = decode_record(session_id, raw, pool.take, self.codec)
             saved_at = datetime.fromtimestamp(int(meta["t"]) / 1000, UTC).isoformat() if meta else ""
             result.append(
                 HistoryEntry(

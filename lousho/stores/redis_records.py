@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from lousho.checkpoint import Checkpoint, decode_checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.messages import Message
+from lousho.stores.codec import PLAIN, PayloadCodec
 
 __all__ = ["MessagePool", "check_count", "decode_record", "parse_messages", "status_of"]
 
@@ -26,8 +27,9 @@ HEADER = "$store"
 class MessagePool:
     """The session's messages list, parsed lazily and once, shared by every history entry."""
 
-    def __init__(self, session_id: str, raws: Sequence[bytes | str]) -> None:
+    def __init__(self, session_id: str, raws: Sequence[bytes | str], codec: PayloadCodec = PLAIN) -> None:
         self._session_id = session_id
+        self._codec = codec
         self._raws = raws
         self._parsed: dict[int, Message] = {}
 
@@ -39,14 +41,17 @@ class MessagePool:
             for index in range(start, start + count):
                 message = self._parsed.get(index)
                 if message is None:
-                    message = self._parsed[index] = parse_messages(self._session_id, [self._raws[index]])[0]
+                    message = self._parsed[index] = parse_messages(self._session_id, [self._raws[index]], self._codec)[
+                        0
+                    ]
                 out.append(message)
         return out
 
 
-def parse_messages(session_id: str, raws: Sequence[bytes | str]) -> list[Message]:
+def parse_messages(session_id: str, raws: Sequence[bytes | str], codec: PayloadCodec = PLAIN) -> list[Message]:
+    """Each stored message (plain JSON, or encoded by the store's codec: issue #17) as a `Message`."""
     try:
-        return [Message.model_validate_json(raw) for raw in raws]
+        return [Message.model_validate_json(codec.decode_text(raw)) for raw in raws]
     except ValidationError as exc:
         raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
 
@@ -61,11 +66,15 @@ def check_count(session_id: str, segments: list[list[int]], messages: list[Messa
 
 
 def decode_record(
-    session_id: str, raw: bytes | str, messages_for: Callable[[list[list[int]]], list[Message]]
+    session_id: str,
+    raw: bytes | str,
+    messages_for: Callable[[list[list[int]]], list[Message]],
+    codec: PayloadCodec = PLAIN,
 ) -> tuple[Checkpoint, dict[str, Any] | None]:
     """A head or history entry as a checkpoint, plus its store header (None for a plain checkpoint JSON).
 
     `messages_for(segments)` supplies the transcript the header names; a plain JSON keeps its own.
+    A head's sealed part is opened by `codec` (issue #17).
     """
     try:
         data = json.loads(raw)
@@ -81,7 +90,7 @@ def decode_record(
     if not _valid_header(meta):
         raise CorruptCheckpointError(session_id, "its store header is damaged")
     data["messages"] = messages_for(meta["s"])
-    return decode_checkpoint(session_id, data), meta
+    return decode_checkpoint(session_id, codec.open_fields(data)), meta
 
 
 def _valid_header(meta: Any) -> bool:

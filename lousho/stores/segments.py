@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from lousho.checkpoint import Checkpoint, decode_checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.messages import Message
+from lousho.stores.codec import PLAIN, PayloadCodec
 
 __all__ = [
     "Head",
@@ -69,16 +70,20 @@ class Head:
         return max((start + count for start, count in self.segments if count), default=0)
 
 
-def encode_record(checkpoint: Checkpoint, writer: str, segments: Segments, **extra: int) -> str:
-    """The head of `checkpoint`: its JSON without messages, behind the header naming `segments`."""
-    body = checkpoint.model_dump_json(exclude={"messages"})
+def encode_record(
+    checkpoint: Checkpoint, writer: str, segments: Segments, *, codec: PayloadCodec = PLAIN, **extra: int
+) -> str:
+    """The head of `checkpoint`: its JSON without messages (secret fields sealed by `codec`, issue #17),
+    behind the header naming `segments`."""
+    body = codec.seal_head(checkpoint)
     header = json.dumps({"f": FORMAT, "w": writer, "s": segments, **extra}, separators=(",", ":"))
     return '{"' + HEADER + '":' + header + ',"messages":null,' + body[1:]
 
 
-def split_record(session_id: str, raw: object) -> tuple[Any, Head | None]:
+def split_record(session_id: str, raw: object, codec: PayloadCodec | None = None) -> tuple[Any, Head | None]:
     """A stored record (text, or JSON already parsed) as (its JSON fields, its header), the header
-    None for a whole checkpoint JSON.
+    None for a whole checkpoint JSON; a sealed part is opened by `codec` (issue #17), or left sealed
+    when None (a caller after the header alone).
 
     Not JSON, or a damaged or newer header, raises `CorruptCheckpointError`; the caller decodes
     the fields (`decode_checkpoint`), which checks everything else."""
@@ -93,6 +98,8 @@ def split_record(session_id: str, raw: object) -> tuple[Any, Head | None]:
         data = dict(raw)
     if not isinstance(data, dict) or HEADER not in data:
         return data, None
+    if codec is not None:
+        codec.open_fields(data)
     meta = data.pop(HEADER)
     if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > FORMAT:
         raise CorruptCheckpointError(
@@ -123,15 +130,24 @@ class Transcript:
 
     `rows`: position -> JSON (SQL rows by seq), or the sequence itself (lines of a messages file)."""
 
-    def __init__(self, session_id: str, rows: Mapping[int, str | bytes] | Sequence[str | bytes]) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        rows: Mapping[int, str | bytes] | Sequence[str | bytes],
+        codec: PayloadCodec = PLAIN,
+    ) -> None:
+        """`codec`: decodes rows the store's codec encoded (issue #17); plain rows read as they are."""
         self._session_id = session_id
         self._rows = rows
+        self._codec = codec
         self._parsed: dict[int, Message] = {}
 
     def _raw(self, position: int) -> str | bytes | None:
         if isinstance(self._rows, Mapping):
-            return self._rows.get(position)
-        return self._rows[position] if 0 <= position < len(self._rows) else None
+            raw = self._rows.get(position)
+        else:
+            raw = self._rows[position] if 0 <= position < len(self._rows) else None
+        return None if raw is None else self._codec.decode_text(raw)
 
     def texts(self, segments: Segments) -> list[str | None]:
         """The stored JSON of each message the segments name (None where one is missing or not text)."""
@@ -215,24 +231,26 @@ def plan_save(
     checkpoint: Checkpoint,
     head: Head | None,
     stored_texts: Callable[[Head], Sequence[str | None]],
+    codec: PayloadCodec = PLAIN,
 ) -> tuple[Segments, list[str]]:
     """What a save stores: the segments of the stored head the new transcript keeps, and the JSON of
     the messages to append (SqlStore, FileStore and the mapping store share it, issue #16).
 
     A head this process wrote or read last (`cache`): the kept prefix found by identity, only the new
     messages serialized. Otherwise the whole transcript is serialized and compared with the stored
-    one, `stored_texts(head)`: the JSON of each message the head names, read once."""
+    one, `stored_texts(head)`: the plain JSON of each message the head names, read once. The texts
+    to append come back encoded by `codec` (issue #17)."""
     known = cache.reusable(session_id, checkpoint.version - 1, head)
     if known is not None and head is not None:
         keep = common_prefix(known.messages, checkpoint.messages)
         kept = kept_segments(head.segments, keep)
         if kept is not None:
-            return kept, [m.model_dump_json() for m in checkpoint.messages[keep:]]
+            return kept, [codec.encode_text(m.model_dump_json()) for m in checkpoint.messages[keep:]]
     texts = [m.model_dump_json() for m in checkpoint.messages]
     if head is None or not head.segments:
-        return [], texts
+        return [], [codec.encode_text(t) for t in texts]
     keep = text_prefix(stored_texts(head), texts)
-    return kept_segments(head.segments, keep) or [], texts[keep:]
+    return kept_segments(head.segments, keep) or [], [codec.encode_text(t) for t in texts[keep:]]
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.store_bundle import SessionsOfCheckpoints
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.sql_approvals import SqlApprovalStore
 from lousho.stores.sql_checkpoints import Pruned, SqlCheckpointStore
 from lousho.stores.sql_database import SQLITE_BUSY_TIMEOUT_MS, SqlDatabase
@@ -46,7 +47,8 @@ class SqlStore(SessionsOfCheckpoints):
 
     `url` is an SQLAlchemy URL (`sqlite:///path.db`, `postgresql+psycopg://user:pw@host/db`);
     `schema` puts the tables in a PostgreSQL schema (created if missing);
-    `engine_kwargs` go to `sqlalchemy.create_engine`.
+    `engine_kwargs` go to `sqlalchemy.create_engine`;
+    `codec` compresses and encrypts messages, heads' secret fields and approvals (issue #17, off by default).
     """
 
     checkpoints: SqlCheckpointStore
@@ -60,10 +62,12 @@ class SqlStore(SessionsOfCheckpoints):
         engine_kwargs: dict[str, Any] | None = None,
         schema: str | None = None,
         sqlite_synchronous: str = "NORMAL",
+        codec: PayloadCodec = PLAIN,
     ) -> None:
         self._db = SqlDatabase(url, schema, engine_kwargs, sqlite_synchronous)
-        self.checkpoints = SqlCheckpointStore(self._db, history_limit=history_limit)
-        self.approvals = SqlApprovalStore(self._db)
+        self.codec = codec
+        self.checkpoints = SqlCheckpointStore(self._db, history_limit=history_limit, codec=codec)
+        self.approvals = SqlApprovalStore(self._db, codec=codec)
 
     @property
     def engine(self) -> Engine:
@@ -85,7 +89,12 @@ class SqliteStore(SqlStore):
     """`SqlStore` on one SQLite file (folder created); several processes may share it (WAL, busy timeout)."""
 
     def __init__(
-        self, path: str | Path = "./.lousho/jobs.db", *, history_limit: int = 50, synchronous: str = "NORMAL"
+        self,
+        path: str | Path = "./.lousho/jobs.db",
+        *,
+        history_limit: int = 50,
+        synchronous: str = "NORMAL",
+        codec: PayloadCodec = PLAIN,
     ) -> None:
         file = Path(path).expanduser()
         try:
@@ -94,7 +103,10 @@ class SqliteStore(SqlStore):
             raise StoreUnavailableError(f"cannot create the folder of the SQLite file {file}: {error}") from None
         self.path = file
         super().__init__(
-            sa.URL.create("sqlite", database=str(file)), history_limit=history_limit, sqlite_synchronous=synchronous
+            sa.URL.create("sqlite", database=str(file)),
+            history_limit=history_limit,
+            sqlite_synchronous=synchronous,
+            codec=codec,
         )
 
 

@@ -16,6 +16,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.sql_database import SqlDatabase
 
@@ -25,8 +26,16 @@ __all__ = ["SqlApprovalStore"]
 class SqlApprovalStore:
     """Approval snapshots by id; `decide` is a conditional UPDATE, so exactly one caller wins."""
 
-    def __init__(self, db: SqlDatabase) -> None:
+    def __init__(self, db: SqlDatabase, *, codec: PayloadCodec = PLAIN) -> None:
+        """`codec`: encodes each snapshot's JSON (issue #17); the id, session, status and time columns stay plain."""
         self._db = db
+        self._codec = codec
+
+    def _encode(self, snapshot: ApprovalSnapshot) -> str:
+        return self._codec.encode_text(snapshot.model_dump_json())
+
+    def _decode(self, approval_id: str, raw: str) -> ApprovalSnapshot:
+        return decode_snapshot(approval_id, self._codec.decode_text(raw))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         values = {
@@ -34,7 +43,7 @@ class SqlApprovalStore:
             "session_id": snapshot.session_id,
             "status": snapshot.status,
             "created_at": snapshot.created_at,
-            "data": snapshot.model_dump_json(),
+            "data": self._encode(snapshot),
         }
         with self._db.write() as conn:
             conn.execute(self._db.upsert(self._db.approvals, "id", values))
@@ -46,7 +55,7 @@ class SqlApprovalStore:
     def _load(self, conn: Connection, approval_id: str) -> ApprovalSnapshot | None:
         table = self._db.approvals
         found = conn.execute(sa.select(table.c.data).where(table.c.id == approval_id)).scalar()
-        return None if found is None else decode_snapshot(approval_id, found)
+        return None if found is None else self._decode(approval_id, found)
 
     def decide(
         self,
@@ -67,7 +76,7 @@ class SqlApprovalStore:
             decided = snapshot.model_copy(update=decided_update(snapshot, approved, note, action, result))
             status = decided.status
             pending = sa.and_(table.c.id == approval_id, table.c.status == "pending")
-            updated = conn.execute(table.update().where(pending).values(status=status, data=decided.model_dump_json()))
+            updated = conn.execute(table.update().where(pending).values(status=status, data=self._encode(decided)))
             if updated.rowcount != 1:  # PostgreSQL: another transaction decided it after our read
                 raise _already_resolved(self._load(conn, approval_id) or snapshot)
         return decided
@@ -79,7 +88,7 @@ class SqlApprovalStore:
             snapshot = self._load(conn, approval_id)
             if snapshot is not None:
                 reopened = snapshot.model_copy(update=REOPENED)
-                values = {"status": "pending", "data": reopened.model_dump_json()}
+                values = {"status": "pending", "data": self._encode(reopened)}
                 conn.execute(table.update().where(table.c.id == approval_id).values(**values))
 
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
@@ -93,7 +102,7 @@ class SqlApprovalStore:
                 (str(approval_id), data)
                 for approval_id, data in conn.execute(query.order_by(table.c.created_at, table.c.id))
             ]
-        return read_each(rows, decode_snapshot, what="approval")
+        return read_each(rows, self._decode, what="approval")
 
     def put_raw(self, approval_id: str, raw: str, *, session_id: str | None = None) -> None:
         """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""

@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError
 from lousho.store_bundle import Pruned
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing
 from lousho.stores.segments import (
     Head,
@@ -75,10 +76,14 @@ class _Statements:
 class SqlCheckpointStore:
     """Latest checkpoint per session (compare-and-set on `version`) plus a history ring."""
 
-    def __init__(self, db: SqlDatabase, *, history_limit: int = 50, cache_size: int = 1024) -> None:
+    def __init__(
+        self, db: SqlDatabase, *, history_limit: int = 50, cache_size: int = 1024, codec: PayloadCodec = PLAIN
+    ) -> None:
+        """`codec`: seals heads' secret fields and encodes message rows (issue #17)."""
         self._db = db
         self.history_limit = history_limit
-        self._rows = MessageRows(db)
+        self._codec = codec
+        self._rows = MessageRows(db, codec)
         self._cache = SessionCache(cache_size)
         self._sql = _Statements(db)
 
@@ -106,9 +111,10 @@ class SqlCheckpointStore:
             checkpoint,
             head,
             lambda h: self._rows.read(conn, session_id, [h]).texts(h.segments),
+            self._codec,
         )
         base = self._rows.append(conn, session_id, texts)
-        record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)))
+        record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)), codec=self._codec)
         now = naive_utc_now()
         values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": record}
         if row is None:
@@ -132,7 +138,7 @@ class SqlCheckpointStore:
             raw = conn.execute(sa.select(table.c.data).where(table.c.session_id == session_id)).scalar()
             if raw is None:
                 return None
-            data, head = split_record(session_id, raw)
+            data, head = split_record(session_id, raw, self._codec)
             transcript = None if head is None else self._rows.read(conn, session_id, [head])
         checkpoint = _decode(session_id, data, head, transcript)
         if head is not None:
@@ -154,7 +160,9 @@ class SqlCheckpointStore:
         query = sa.select(history.c.saved_at, history.c.data).where(history.c.session_id == session_id)
         query = query.order_by(history.c.id.desc()).limit(limit)
         with self._db.read() as conn:
-            records = [(saved_at, *split_record(session_id, data)) for saved_at, data in conn.execute(query)]
+            records = [
+                (saved_at, *split_record(session_id, data, self._codec)) for saved_at, data in conn.execute(query)
+            ]
             heads = [head for _, _, head in records if head is not None]
             transcript = self._rows.read(conn, session_id, heads) if heads else None
         entries = []

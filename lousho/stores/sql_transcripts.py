@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.segments import Head, Transcript
 from lousho.stores.sql_database import SqlDatabase
 
@@ -21,8 +22,9 @@ __all__ = ["MessageRows"]
 class MessageRows:
     """Reads and appends of `lousho_messages`, inside the caller's transaction."""
 
-    def __init__(self, db: SqlDatabase) -> None:
+    def __init__(self, db: SqlDatabase, codec: PayloadCodec = PLAIN) -> None:
         self._db = db
+        self._codec = codec
         table = db.messages
         self._last = sa.select(sa.func.max(table.c.seq)).where(
             table.c.session_id == sa.bindparam("sid", type_=sa.String())
@@ -49,7 +51,7 @@ class MessageRows:
                 table.c.session_id == session_id, table.c.seq >= low, table.c.seq < high
             )
             rows = {int(seq): str(data) for seq, data in conn.execute(query)}
-        return Transcript(session_id, rows)
+        return Transcript(session_id, rows, self._codec)
 
     def delete(self, conn: Connection, session_id: str) -> None:
         table = self._db.messages

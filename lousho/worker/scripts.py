@@ -114,6 +114,13 @@ class FleetScripts:
         self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
         self._guarded = load_script(self.client, "lousho.worker:guarded")
 
+    def _seal(self, result_json: str) -> str | bytes:
+        """A tool result as the results hash keeps it: encoded by the store's codec (issue #17)."""
+        return self.store.codec.encode_json(result_json)
+
+    def _open(self, stored: bytes) -> bytes:
+        return self.store.codec.decode(stored) if isinstance(stored, bytes) else stored
+
     def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
         """Take the session's lease and read the step's state; None when someone else holds it."""
         keys, args, known = self._begin_parts(session_id, lease, attempt_field)
@@ -171,7 +178,7 @@ class FleetScripts:
         when the session is another incarnation than that epoch now."""
         keys, args, known = self._begin_parts(session_id, lease, "")
         commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:], self.keys.running]  # call_commit.lua's order
-        commit_args = [field, result_json, call_lease.token, run[0], *args, run[1]]
+        commit_args = [field, self._seal(result_json), call_lease.token, run[0], *args, run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply = self._commit(keys=commit_keys, args=commit_args)
@@ -188,7 +195,7 @@ class FleetScripts:
         """The committed results hash as it is now (`turn_results` picks one turn's)."""
         with redis_errors(self.client, f"read the committed results of session {session_id!r}"):
             raw = self.client.hgetall(self.keys.results(session_id))
-        return {text(field): value for field, value in raw.items()}  # type: ignore[union-attr]
+        return {text(field): self._open(value) for field, value in raw.items()}  # type: ignore[union-attr]
 
     def end_step(self, session_id: str, lease: Lease, ending: Ending) -> list[bool]:
         """Mark the calls, drop a completed turn's state, release the lease, push the messages
@@ -220,8 +227,8 @@ class FleetScripts:
             self.keys.epoch(session_id),
             self.keys.running,
         ]
-        args: list[str | int] = [
-            *(field, result_json, call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch, entry)
+        args: list[str | int | bytes] = [
+            *(field, self._seal(result_json), call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch, entry)
         ]
         return AndThen(script=self._commit_fold, keys=keys, args=args)
 
@@ -234,7 +241,7 @@ class FleetScripts:
         """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""
         keys = [self.keys.epoch(session_id), self.keys.results(session_id)]
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
-            return int(self._guarded(keys=keys, args=[epoch, "commit", field, result_json])) == 1
+            return int(self._guarded(keys=keys, args=[epoch, "commit", field, self._seal(result_json)])) == 1
 
     def count(self, session_id: str, epoch: str, attempt_field: str, by: int = 1) -> int:
         """Count `by` more starts of `attempt_field` (the field goes when it reaches 0); -1 when the
@@ -313,7 +320,7 @@ class FleetScripts:
             parked=bool(reply[1]),
             aborted=bool(reply[2]),
             attempts=int(reply[3]),
-            results={text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)},
+            results={text(flat[i]): self._open(flat[i + 1]) for i in range(0, len(flat), 2)},
             checkpoint=self.store.checkpoints.reader.from_reply(session_id, reply[5], known),
             epoch=text(reply[6]),
         )

@@ -1,5 +1,6 @@
 """The store contract, run on every built-in store: memory, SQLite, PostgreSQL, files and the mapping store
-on a dict, a shelve and a dbm file (issue #16; Redis: test_redis_contract.py)."""
+on a dict, a shelve and a dbm file (issue #16; Redis: test_redis_contract.py); each also with the payload
+codec on, compression and encryption (`<backend>+codec`, issue #17)."""
 
 from __future__ import annotations
 
@@ -15,22 +16,24 @@ from lousho.stores.mapping_checkpoints import MappingCheckpointStore
 from lousho.stores.memory import MemoryCheckpointStore, memory_store
 from lousho.stores.sql import SqlCheckpointStore
 from lousho.testing.store_contract import StoreContract
+from tests.stores.codecs import codec_params, with_codec
 from tests.stores.mappings import MAPPINGS, mapping_stores
 
 BACKENDS = ["memory", "sqlite", "postgres", "file", *(f"mapping-{kind}" for kind in MAPPINGS)]
 
 
 class TestBuiltInStores(StoreContract):
-    @pytest.fixture(params=BACKENDS)
+    @pytest.fixture(params=codec_params(BACKENDS))
     def store_factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
-        if request.param.startswith("mapping-"):
-            with mapping_stores(request.param.removeprefix("mapping-"), tmp_path) as make:
-                yield make
+        backend, _, codec = str(request.param).partition("+")
+        if backend.startswith("mapping-"):
+            with mapping_stores(backend.removeprefix("mapping-"), tmp_path) as make:
+                yield with_codec(make) if codec else make
             return
-        yield self._factory(request, tmp_path)
+        made = self._factory(backend, request, tmp_path)
+        yield with_codec(made) if codec else made
 
-    def _factory(self, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
-        backend = request.param
+    def _factory(self, backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Callable[..., Any]:
         if backend == "memory":
             return memory_store
         if backend == "sqlite":

