@@ -317,12 +317,26 @@ def reaper(
         typer.echo("lousho reaper: stopped", err=True)
 
 
+@app.command()
+def dashboard(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8300, "--port", help="Port to listen on."),
+    read_only: bool = typer.Option(False, "--read-only", help="Show only: every POST (approve, fork, run) is refused."),
+) -> None:
+    """Serve the sessions dashboard (needs the dashboard extra of lousho): sessions, approvals, history, fleet."""
+    from lousho.dashboard.serve import serve_dashboard
+
+    serve_dashboard(settings_of(ctx), host=host, port=port, read_only=read_only)  # issue #19
+
+
 def _register() -> None:
-    from lousho import cli_eval, cli_jobs, cli_sessions
+    from lousho import cli_eval, cli_jobs, cli_metrics, cli_sessions
 
     cli_jobs.register(app)
     cli_sessions.register(app)
     cli_eval.register(app)  # `lousho eval --drift A B` (issue #16)
+    cli_metrics.register(app)  # `lousho metrics`: the fleet's /metrics on a host (issue #19)
 
 
 _register()

@@ -1,0 +1,107 @@
+"""The fleet page's data: live workers, queue depths, in-flight sessions and their leases, running calls,
+parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19).
+
+The reaper keeps no count of its requeues in Redis (its passes log them; the metrics of issue #19 count
+them); what Redis holds is each session's pending-requeue mark (`FleetKeys.requeued`): shown per session.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+from lousho.dashboard.views import DashboardContext
+from lousho.fleet.inflight import InflightIndex
+from lousho.fleet.keys import FleetKeys
+from lousho.fleet.registry import LiveWorker, WorkerRegistry
+from lousho.stores.redis_common import redis_errors, text
+
+__all__ = ["FleetView", "InflightRow", "RunningCallRow", "fleet_view"]
+
+_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+"""Celery's Redis transport keeps a queue's messages in one list per priority step: `<queue>`, `<queue>\\x06\\x163`..."""
+
+
+@dataclass(frozen=True)
+class InflightRow:
+    session_id: str
+    due_in_s: float
+    """Seconds until the reaper may requeue it (negative: overdue)."""
+    lease_holder: str | None
+    lease_left_s: float | None
+    requeue_pending: bool
+
+
+@dataclass(frozen=True)
+class RunningCallRow:
+    worker: str
+    session_id: str
+    call: str
+    beat_age_s: float
+    """Seconds since the call's last heartbeat."""
+
+
+@dataclass(frozen=True)
+class FleetView:
+    workers: tuple[LiveWorker, ...]
+    queues: dict[str, int]
+    """Queue -> messages waiting (the live workers' queues)."""
+    inflight: list[InflightRow]
+    running: list[RunningCallRow]
+    parked: dict[str, str]
+
+
+def fleet_view(ctx: DashboardContext) -> FleetView | None:
+    """What the fleet page shows; None when the bundle is not a fleet's RedisStore."""
+    store = ctx.fleet_store
+    if store is None:
+        return None
+    registry = WorkerRegistry(store)
+    workers = registry.live().workers
+    now_ms = registry.server_time_ms()
+    queues = sorted({queue for worker in workers for queue in worker.queues})
+    if ctx.client is not None and ctx.client.settings.queue:
+        queues = sorted({*queues, ctx.client.settings.queue})
+    return FleetView(
+        workers=workers,
+        queues={queue: _depth(store.client, queue) for queue in queues},
+        inflight=_inflight(store, now_ms),
+        running=_running(store, now_ms),
+        parked=ctx.parked_reasons(),
+    )
+
+
+def _depth(client: Any, queue: str) -> int:
+    with redis_errors(client, f"read the depth of queue {queue!r}"):
+        return sum(int(client.llen(f"{queue}{suffix}")) for suffix in _PRIORITY_SUFFIXES)
+
+
+def _inflight(store: Any, now_ms: int) -> list[InflightRow]:
+    keys = FleetKeys(store)
+    index = InflightIndex.of(store, 0)
+    rows = []
+    for session_id, deadline_ms in index.due(due_before_ms=2**62, limit=200):
+        with redis_errors(store.client, f"read the lease of {session_id!r}"):
+            holder = store.client.get(keys.lease(session_id))
+            left_ms = int(store.client.pttl(keys.lease(session_id)))
+            requeued = bool(store.client.exists(keys.requeued(session_id)))
+        rows.append(
+            InflightRow(
+                session_id=session_id,
+                due_in_s=(deadline_ms - now_ms) / 1000,
+                lease_holder=text(holder) if holder is not None else None,
+                lease_left_s=left_ms / 1000 if left_ms >= 0 else None,
+                requeue_pending=requeued,
+            )
+        )
+    return rows
+
+
+def _running(store: Any, now_ms: int) -> list[RunningCallRow]:
+    with redis_errors(store.client, "read the running calls"):
+        entries = cast(list[tuple[Any, float]], store.client.zrange(FleetKeys(store).running, 0, 199, withscores=True))
+    rows = []
+    for entry, beat_ms in entries:
+        host, pid, session_id, call = [*text(entry).split("|", 3), "", "", "", ""][:4]
+        rows.append(RunningCallRow(f"{host}|{pid}", session_id, call, (now_ms - beat_ms) / 1000))
+    return rows

@@ -1,0 +1,41 @@
+"""Rendering the dashboard's templates (Jinja2, autoescaped), with what every page needs (issue #19)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+from lousho.dashboard.security import CSRF_FIELD, csrf_token, remember_token
+from lousho.dashboard.views import DashboardContext
+
+__all__ = ["Pages"]
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+class Pages:
+    """Renders a template with the request, the CSRF token, and whether the dashboard is read-only."""
+
+    def __init__(self, ctx: DashboardContext) -> None:
+        self.ctx = ctx
+        self.templates = Jinja2Templates(directory=str(TEMPLATES))
+
+    def render(self, request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+        context = {
+            "csrf_field": CSRF_FIELD,
+            "csrf_token": csrf_token(request),
+            "read_only": self.ctx.read_only,
+            "on_fleet": self.ctx.fleet_store is not None,
+            "can_run": self.ctx.client is not None and not self.ctx.read_only,
+            **values,
+        }
+        response = self.templates.TemplateResponse(request, template, context, status_code=status_code)
+        remember_token(request, response)
+        return response
+
+    def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status_code=status_code, message=message)

@@ -1,0 +1,54 @@
+"""A session's history (the timeline of saves) and forking from a save, patched from a form (issue #19)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from lousho.dashboard.actions import ForkForm, fork_from_save
+from lousho.dashboard.pages import Pages
+from lousho.dashboard.routes_sessions import refused
+from lousho.dashboard.security import check_post
+from lousho.dashboard.views import DashboardContext, history_of, load_session
+from lousho.errors import ConfigurationError, SDKError
+
+__all__ = ["add_routes"]
+
+
+def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
+    @router.get("/sessions/{session_id}/history", name="history", response_class=HTMLResponse)
+    def history(request: Request, session_id: str) -> HTMLResponse:
+        try:
+            checkpoint = load_session(ctx, session_id)
+            entries = history_of(ctx, session_id)
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        calls = [call for message in checkpoint.messages for call in message.tool_calls]
+        return pages.render(request, "history.html", cp=checkpoint, entries=entries, calls=calls)
+
+    @router.post("/sessions/{session_id}/fork", name="fork")
+    async def fork(request: Request, session_id: str) -> Response:
+        await check_post(request, read_only=ctx.read_only)
+        form = await request.form()
+        try:
+            fields = {name: str(form.get(name) or "") for name in ("tool_call_id", "tool_result", "append_input")}
+            save = str(form.get("save") or "")
+            if not save.isdigit():
+                raise ConfigurationError(f"pick a save to fork from (a number from the history), not {save!r}")
+            forked = await run_in_threadpool(
+                fork_from_save,
+                ctx,
+                session_id,
+                ForkForm(
+                    save=int(save),
+                    new_session_id=str(form.get("new_session_id") or ""),
+                    run=form.get("run") == "on",
+                    **fields,
+                ),
+            )
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        note = f"forked {session_id} at step {forked.step} (save {forked.save}); {forked.then}"
+        url = request.url_for("session", session_id=forked.session_id).include_query_params(note=note)
+        return RedirectResponse(str(url), status_code=303)

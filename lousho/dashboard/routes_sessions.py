@@ -1,0 +1,86 @@
+"""The sessions page (filter, search, live rows) and a session's page (issue #19)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from lousho.dashboard.actions import resume_session
+from lousho.dashboard.pages import Pages
+from lousho.dashboard.security import check_post
+from lousho.dashboard.views import (
+    STATUSES,
+    DashboardContext,
+    fingerprint_drift,
+    history_of,
+    load_session,
+    session_rows,
+    sub_sessions,
+    transcript_turns,
+)
+from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError
+
+__all__ = ["add_routes", "refused"]
+
+
+def refused(pages: Pages, request: Request, exc: SDKError) -> HTMLResponse:
+    """An error from the library as a page: 404 for an unknown session, 400 for bad input, else 409."""
+    status = 404 if isinstance(exc, SessionNotFoundError) else 400 if isinstance(exc, ConfigurationError) else 409
+    return pages.error(request, status, str(exc))
+
+
+def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
+    @router.get("/", name="sessions", response_class=HTMLResponse)
+    def sessions(request: Request, status: str = "", q: str = "") -> HTMLResponse:
+        try:
+            rows = session_rows(ctx, status or None, q)
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        return pages.render(
+            request, "sessions.html", rows=rows, statuses=STATUSES, status=status, q=q, skipped=rows.skipped
+        )
+
+    @router.get("/rows", name="session_rows", response_class=HTMLResponse)
+    def rows(request: Request, status: str = "", q: str = "") -> HTMLResponse:
+        """The sessions table's rows alone: what the page's script polls for (live updates, no build step)."""
+        try:
+            found = session_rows(ctx, status or None, q)
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        return pages.render(request, "session_rows.html", rows=found)
+
+    @router.get("/sessions/{session_id}", name="session", response_class=HTMLResponse)
+    def session(request: Request, session_id: str, note: str = "") -> HTMLResponse:
+        parked = ctx.parked_reasons().get(session_id)
+        try:
+            checkpoint = load_session(ctx, session_id)
+            subs = sub_sessions(ctx, session_id)
+            try:
+                history = history_of(ctx, session_id)
+            except ConfigurationError:
+                history = []
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        return pages.render(
+            request,
+            "session.html",
+            cp=checkpoint,
+            status="parked" if parked is not None else checkpoint.status,
+            parked_reason=parked,
+            turns=transcript_turns(checkpoint, set(subs)),
+            subs=subs,
+            drift=fingerprint_drift(checkpoint, history),
+            note=note,
+        )
+
+    @router.post("/sessions/{session_id}/resume", name="resume")
+    async def resume(request: Request, session_id: str) -> Response:
+        await check_post(request, read_only=ctx.read_only)
+        try:
+            await run_in_threadpool(load_session, ctx, session_id)
+            then = await run_in_threadpool(resume_session, ctx, session_id)
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        url = request.url_for("session", session_id=session_id).include_query_params(note=f"resumed: {then}")
+        return RedirectResponse(str(url), status_code=303)

@@ -1,0 +1,14 @@
+// Live sessions table (issue #19): poll the server-rendered rows every 2 s; no build step, no framework.
+(function () {
+  const body = document.getElementById("session-rows");
+  const live = document.getElementById("live");
+  if (!body) return;
+  async function refresh() {
+    if (live && !live.checked) return;
+    try {
+      const response = await fetch(body.dataset.rowsUrl, { headers: { "Accept": "text/html" } });
+      if (response.ok) body.innerHTML = await response.text();
+    } catch (e) { /* the next poll tries again */ }
+  }
+  setInterval(refresh, 2000);
+})();

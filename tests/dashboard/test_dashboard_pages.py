@@ -1,0 +1,157 @@
+"""The dashboard's pages over SQLite and a fleet's Redis, with FastAPI's TestClient (issue #19):
+what each page shows, decisions and forks from forms, read-only mode, the auth hook, and CSRF refusal."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.testclient import TestClient
+
+from lousho.cli_render import sync
+from lousho.dashboard import create_dashboard, dashboard_router
+from lousho.errors import ConfigurationError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def dashboard(request: pytest.FixtureRequest) -> tuple[Any, Any, TestClient]:
+    """(store, fleet client or None, browser-like TestClient) over each store kind."""
+    if request.param == "sqlite":
+        store, client = request.getfixturevalue("sqlite_store"), None
+    else:
+        store, client = request.getfixturevalue("fleet_store")
+    return store, client, TestClient(create_dashboard(store, client=client))
+
+
+def token_of(page: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page)
+    assert found, "every form carries the CSRF token"
+    return found.group(1)
+
+
+def test_the_sessions_page_lists_filters_and_searches_sessions(dashboard: tuple[Any, Any, TestClient]) -> None:
+    _, _, browser = dashboard
+    page = browser.get("/").text
+    assert 'data-session="trip"' in page and 'data-session="pay"' in page
+    finished = browser.get("/", params={"status": "finished"}).text
+    assert 'data-session="trip"' in finished and 'data-session="pay"' not in finished
+    assert 'data-session="pay"' in browser.get("/rows", params={"q": "pa"}).text
+    assert 'data-session="trip"' not in browser.get("/rows", params={"q": "pa"}).text
+    assert browser.get("/", params={"status": "bogus"}).status_code == 400
+
+
+def test_the_session_page_shows_each_call_beside_its_result_usage_and_fingerprint(
+    dashboard: tuple[Any, Any, TestClient],
+) -> None:
+    store, _, browser = dashboard
+    page = browser.get("/sessions/trip").text
+    call = page[page.index('id="call-call_weather"') :]
+    assert call.index("weather") < call.index("&#34;forecast&#34;: &#34;sun&#34;") < call.index("</div>\n      </div>")
+    checkpoint = sync(store.checkpoints.load("trip"))
+    assert f"{checkpoint.usage.total_tokens} tokens" in page
+    assert checkpoint.fingerprint.digest in page
+    assert browser.get("/sessions/nobody").status_code == 404
+
+
+def test_approving_from_the_page_records_the_decision_with_its_note(dashboard: tuple[Any, Any, TestClient]) -> None:
+    store, client, browser = dashboard
+    page = browser.get("/approvals").text
+    (approval,) = sync(store.approvals.pending("pay"))
+    assert approval.id in page and "charge_card" in page
+    answer = browser.post(
+        f"/approvals/{approval.id}", data={"csrf_token": token_of(page), "decision": "approve", "note": "ok by ops"}
+    )
+    assert answer.status_code == 200 and f"approved {approval.id}" in answer.text
+    decided = sync(store.approvals.load(approval.id))
+    assert (decided.status, decided.note) == ("approved", "ok by ops")
+    if client is not None:  # on a fleet the decision woke the run, as `lousho approve` does
+        assert client.store.client.llen(client.settings.queue) == 1
+
+
+def test_forking_from_the_history_page_patches_the_result_and_compare_shows_where(
+    dashboard: tuple[Any, Any, TestClient],
+) -> None:
+    store, _, browser = dashboard
+    page = browser.get("/sessions/trip/history").text
+    save = sync(store.checkpoints.history("trip"))[-2].checkpoint.version  # the save with the weather result
+    form = {"csrf_token": token_of(page), "save": str(save), "tool_call_id": "call_weather"}
+    answer = browser.post("/sessions/trip/fork", data={**form, "tool_result": '{"forecast": "snow"}'})
+    assert answer.status_code == 200 and "forked trip" in answer.text
+    forked = sync(store.checkpoints.load("trip.fork-1"))
+    assert forked.messages[-1].result() == {"forecast": "snow"}
+    assert sync(store.checkpoints.load("trip")).messages[3].result() == {"city": "Oslo", "forecast": "sun"}
+    compared = browser.get("/compare", params={"a": "trip", "b": "trip.fork-1"}).text
+    assert "first divergence at step 1" in compared and 'id="first-divergence"' in compared
+    bad = browser.post("/sessions/trip/fork", data={**form, "tool_result": "{not json"})
+    assert bad.status_code == 400 and "not JSON" in bad.text
+    assert sync(store.checkpoints.load("trip.fork-2")) is None
+
+
+def test_a_cross_site_post_is_refused_and_changes_nothing(sqlite_store: Any) -> None:
+    browser = TestClient(create_dashboard(sqlite_store))
+    page = browser.get("/approvals").text
+    (approval,) = sync(sqlite_store.approvals.pending("pay"))
+    url, form = f"/approvals/{approval.id}", {"decision": "approve", "csrf_token": token_of(page)}
+    assert browser.post(url, data={**form, "csrf_token": "forged" * 8}).status_code == 403
+    assert browser.post(url, data=form, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert browser.post(url, data=form, headers={"Origin": "https://evil.example"}).status_code == 403
+    assert TestClient(browser.app).post(url, data=form).status_code == 403  # no cookie: another browser
+    assert sync(sqlite_store.approvals.load(approval.id)).status == "pending"
+    assert browser.post(url, data=form, headers={"Origin": "http://testserver"}).status_code == 200
+
+
+def test_read_only_mode_refuses_every_post_with_403(sqlite_store: Any) -> None:
+    browser = TestClient(create_dashboard(sqlite_store, read_only=True))
+    page = browser.get("/approvals").text
+    assert "read-only" in page and "csrf_token" not in page  # no forms to fill
+    (approval,) = sync(sqlite_store.approvals.pending("pay"))
+    token = browser.get("/sessions/pay").cookies.get("lousho_csrf") or browser.cookies.get("lousho_csrf")
+    answer = browser.post(f"/approvals/{approval.id}", data={"decision": "approve", "csrf_token": token})
+    assert answer.status_code == 403
+    assert browser.post("/sessions/trip/fork", data={"save": "1", "csrf_token": token}).status_code == 403
+    assert sync(sqlite_store.approvals.load(approval.id)).status == "pending"
+
+
+def test_the_auth_dependency_guards_every_route_of_a_mounted_router(sqlite_store: Any) -> None:
+    def require_admin(request: Request) -> None:
+        if request.headers.get("x-user") != "admin":
+            raise HTTPException(401, "who are you?")
+
+    app = FastAPI()
+    app.include_router(dashboard_router(sqlite_store, auth=require_admin), prefix="/ops")
+    browser = TestClient(app)
+    for url in ("/ops/", "/ops/sessions/trip", "/ops/approvals", "/ops/fleet", "/ops/static/dashboard.css"):
+        assert browser.get(url).status_code == 401
+    page = browser.get("/ops/sessions/trip", headers={"x-user": "admin"})
+    assert page.status_code == 200 and 'href="http://testserver/ops/sessions/trip/history"' in page.text
+
+
+def test_a_dashboard_mounted_as_a_sub_app_links_under_its_mount(sqlite_store: Any) -> None:
+    app = FastAPI()
+    app.mount("/dash", create_dashboard(sqlite_store))
+    page = TestClient(app).get("/dash/").text
+    assert 'href="http://testserver/dash/sessions/trip"' in page
+
+
+def test_the_fleet_page_shows_queues_in_flight_and_parked_sessions(fleet_store: tuple[Any, Any]) -> None:
+    store, client = fleet_store
+    client.enqueue("planner", "hello", session_id="queued", require_worker=False)
+    store.client.hset(store.keys.parked, "trip", "LOUSHO_POISON: killed its worker 3 times")
+    browser = TestClient(create_dashboard(store, client=client))
+    page = browser.get("/fleet").text
+    queue = page[page.index('class="queues"') :]
+    assert re.search(rf"<td>{client.settings.queue}</td><td>1</td>", queue)
+    assert 'href="http://testserver/sessions/queued"' in page[page.index('class="inflight"') :]
+    assert "killed its worker 3 times" in page[page.index('class="parked"') :]
+    assert "parked: LOUSHO_POISON" in browser.get("/", params={"status": "parked"}).text
+
+
+def test_a_fleet_store_without_a_client_is_refused_unless_read_only(fleet_store: tuple[Any, Any]) -> None:
+    store, _ = fleet_store
+    with pytest.raises(ConfigurationError, match="client="):
+        create_dashboard(store)
+    assert TestClient(create_dashboard(store, read_only=True)).get("/fleet").status_code == 200
