@@ -67,3 +67,14 @@ def test_store_growth_writes_a_row_per_store(tmp_path: Path) -> None:
     for store in ("memory_store()", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "naive files", "naive Redis"):
         rows = [line for line in table.splitlines() if line.startswith(f"| {store}")]
         assert len(rows) == 1 and rows[0].count("|") == 7, (store, rows)
+
+
+def test_the_hop_profile_writes_a_row_per_area_for_lousho_and_the_floor(tmp_path: Path) -> None:
+    out = tmp_path / "profile.md"
+    command = [sys.executable, "-m", "bench.profile_hop", "--quick", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = out.read_text()
+    for area in ("waiting on sockets", "redis-py", "celery, kombu, billiard, vine", "lousho", "pydantic", "**all**"):
+        assert f"| {area} |" in table, table
+    assert "Redis commands per hop" in table and "floor" in table
