@@ -24,6 +24,7 @@ from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
+from lousho.telemetry.hooks import requeueing
 
 __all__ = ["reap_once", "run_reaper"]
 
@@ -58,7 +59,8 @@ def reap_once(
         inflight.touch(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
         if not _mark_requeue(client, keys.requeued(session_id), now_ms, settings.requeue_wait_ms):
             continue  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
-        send_advance(app, session_id, "reaper", queue)
+        with requeueing(store, session_id):  # counted, and traced when traces are on (issue #19)
+            send_advance(app, session_id, "reaper", queue)
         requeued.append(session_id)
     if requeued:
         log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))

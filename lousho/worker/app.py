@@ -22,6 +22,7 @@ from lousho.fleet.registry import app_queue
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
+from lousho.telemetry.hooks import instrument_fleet
 from lousho.worker.registry import watch_presence
 from lousho.worker.running import watch_shutdown
 from lousho.worker.runtime import FleetRuntime
@@ -67,4 +68,5 @@ def create_app(
     register_tasks(app, runtime)
     watch_shutdown()
     watch_presence()
+    instrument_fleet()  # LOUSHO_METRICS / LOUSHO_TRACES: nothing when unset (issue #19)
     return app

@@ -1,0 +1,129 @@
+"""Fixtures of the telemetry tests (issue #19): a local OTLP/HTTP receiver, a reaper that records what it
+requeued, and the fleet fixture (real worker processes) of tests/fleet."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from google.protobuf.json_format import Parse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from lousho.scheduler import reap_once
+from lousho.worker import FleetSettings
+from tests.fleet.conftest import Fleet, fleet  # noqa: F401  (the fixture, for the tests here)
+
+
+@dataclass(frozen=True)
+class ReceivedSpan:
+    """One span as an OTLP receiver got it."""
+
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    attributes: dict[str, Any]
+    events: list[str]
+    service: str
+
+
+@dataclass
+class OtlpReceiver:
+    """A local OTLP/HTTP collector: `POST /v1/traces`, protobuf or JSON, as the exporters send it."""
+
+    endpoint: str = ""
+    spans: list[ReceivedSpan] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self, request: ExportTraceServiceRequest) -> None:
+        found = []
+        for resource_spans in request.resource_spans:
+            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    found.append(
+                        ReceivedSpan(
+                            name=span.name,
+                            trace_id=span.trace_id.hex(),
+                            span_id=span.span_id.hex(),
+                            parent_id=span.parent_span_id.hex(),
+                            attributes={a.key: _value(a.value) for a in span.attributes},
+                            events=[event.name for event in span.events],
+                            service=resource.get("service.name", ""),
+                        )
+                    )
+        with self.lock:
+            self.spans.extend(found)
+
+    def of_session(self, session_id: str) -> list[ReceivedSpan]:
+        with self.lock:
+            return [s for s in self.spans if s.attributes.get("lousho.session_id") == session_id]
+
+
+def _value(value: Any) -> Any:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            request = ExportTraceServiceRequest()
+            if self.path != "/v1/traces":
+                self.send_error(404)
+                return
+            if "json" in self.headers.get("Content-Type", ""):
+                Parse(json.dumps(json.loads(body)), request)
+            else:
+                request.ParseFromString(body)
+            receiver.take(request)
+            reply = ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    receiver = OtlpReceiver()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
+    receiver.endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="otlp-receiver")
+    thread.start()
+    try:
+        yield receiver
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def start_recording_reaper(fleet: Fleet, requeued: list[str], interval_s: float = 0.3) -> None:  # noqa: F811
+    """The real reaper (`reap_once`) in a thread of this process, as `Fleet.start_reaper` runs it, noting each
+    session it requeued: the witness the metrics and spans are checked against."""
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=interval_s, requeue_backoff_s=3.0)
+
+    def loop() -> None:
+        while not fleet._stop.is_set():
+            requeued.extend(reap_once(fleet.store, fleet.client.app, settings))
+            fleet._stop.wait(interval_s)
+
+    thread = threading.Thread(target=loop, daemon=True, name="recording-reaper")
+    thread.start()
+    fleet._threads.append(thread)

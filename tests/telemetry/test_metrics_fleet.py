@@ -1,0 +1,109 @@
+"""A scrape of `/metrics` after a fleet run with a SIGKILL says what happened (issue #19): real worker processes in
+prometheus_client's multiprocess mode, the real reaper, `lousho metrics` serving the folder and the store."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lousho import Message
+from tests.fleet.conftest import Fleet, tool_turn
+from tests.telemetry.conftest import start_recording_reaper
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+LOUSHO = str(Path(sys.executable).with_name("lousho"))
+NOT_RUN = ("recorded", "running-elsewhere", "unknown-session", "waiting-for-approval")
+"""Outcomes of a tool_call task that did not run its tool."""
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def value(scraped: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """The sum of `name`'s samples whose labels include `labels`."""
+    return sum(v for n, got, v in scraped if n == name and labels.items() <= got.items())
+
+
+@contextmanager
+def lousho_metrics(redis_url: str, prefix: str, folder: Path) -> Iterator[str]:
+    """`lousho metrics --port 0` on the test's store and metrics folder; its URL. Ended by pid."""
+    env = {**os.environ, "LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": prefix, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    process = subprocess.Popen([LOUSHO, "metrics", "--port", "0"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline()
+        assert "serving http://" in banner, banner + (process.stderr.read() if process.poll() is not None else "")
+        yield banner.split("serving ", 1)[1].strip()
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        return samples(reply.read().decode())
+
+
+def test_a_scrape_after_a_fleet_run_counts_its_turns_calls_and_the_requeue_of_a_killed_call(
+    fleet: Fleet, tmp_path: Path, redis_url: str
+) -> None:
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    fleet.script("m1", [tool_turn(("m1-a", "work", {"n": 1})),
+                        tool_turn(("m1-b", "work", {"n": 2}), ("m1-c", "work", {"n": 3})), Message.assistant("m1 done")])  # fmt: skip
+    fleet.script("m2", [tool_turn(("m2-a", "work", {"n": 1})), Message.assistant("m2 done")])
+    fleet.script("m3", [tool_turn(("m3-pay", "charge", {"amount": 5})), Message.assistant("m3 done")])
+    fleet.kill_on("tool:m1-a")  # the worker running m1-a dies by SIGKILL in the middle of it
+    for _ in range(2):
+        fleet.start_worker(LOUSHO_METRICS="1", PROMETHEUS_MULTIPROC_DIR=str(folder))
+    requeued: list[str] = []
+    start_recording_reaper(fleet, requeued)
+    for session in ("m1", "m2", "m3"):
+        fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+    fleet.wait_for(["m1", "m2"])
+    fleet.wait_for(["m3"], status="awaiting-approval")
+    assert not fleet.redis.sismember(fleet.key("kill"), "tool:m1-a")  # the kill happened
+    assert sum(not worker.alive() for worker in fleet.workers) == 1
+
+    with lousho_metrics(redis_url, fleet.prefix, folder) as url:
+        scraped = scrape(url)
+
+    # Six model turns (m1: 3, m2: 2, m3: 1), each once, in a model_turn task of its own.
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn") == 6
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn", outcome="finished") == 2
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn", outcome="tools-dispatched") == 3
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn", outcome="awaiting-approval") == 1
+    # Five tool runs (m1-a twice: killed, then again); the killed one never ended its task.
+    runs = fleet.counts("runs")
+    assert runs == {"m1-a": 2, "m1-b": 1, "m1-c": 1, "m2-a": 1}
+    tool_steps = value(scraped, "lousho_step_seconds_count", kind="tool_call")
+    not_run = sum(value(scraped, "lousho_step_seconds_count", kind="tool_call", outcome=o) for o in NOT_RUN)
+    assert tool_steps - not_run == sum(runs.values()) - 1
+    # The reaper requeued m1 (once, or again when its first advance found the dead call's lease not yet expired).
+    assert requeued and set(requeued) == {"m1"}
+    assert value(scraped, "lousho_reaper_requeues_total") == len(requeued)
+    assert value(scraped, "lousho_step_seconds_count", kind="advance") == len(requeued)
+    assert not_run == value(scraped, "lousho_step_seconds_count", kind="tool_call", outcome="running-elsewhere")
+    assert not_run == len(requeued) - 1
+    # What the store says now.
+    assert value(scraped, "lousho_sessions", status="finished") == 2
+    assert value(scraped, "lousho_sessions", status="awaiting-approval") == 1
+    assert value(scraped, "lousho_sessions", status="in-progress") == 0
+    assert value(scraped, "lousho_approvals_waiting") == 1
+    assert value(scraped, "lousho_approval_oldest_age_seconds") > 0
+    assert value(scraped, "lousho_sessions_in_flight") == 0
+    assert value(scraped, "lousho_sessions_parked") == 0
+    assert value(scraped, "lousho_lease_takeovers_total") == 0
+    assert value(scraped, "lousho_poison_results_total") == 0
