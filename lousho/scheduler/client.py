@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any, Literal, cast
 
@@ -31,6 +32,8 @@ from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
 __all__ = ["Client", "SessionStatus"]
+
+log = logging.getLogger("lousho.client")
 
 
 class SessionStatus(BaseModel):
@@ -130,11 +133,26 @@ class Client:
         """Where a step of an existing session goes: a queue serving its agent (issue #15)."""
         return self.registry.live().route(agent_of(self.store, session_id), self.settings.queue)
 
-    def _send_advance(self, session_id: str, reason: str) -> None:
-        """Wake the session's worker; with no live worker serving it and no queue named, the reaper will."""
+    def _send_advance(self, session_id: str, reason: str, *, reaper_sends: bool = True) -> None:
+        """Wake the session's worker; with no live worker serving it and no queue named, the reaper will.
+
+        A broker that does not take the message while the store is up (RabbitMQ down, issue #18): when the
+        caller put the session back in the in-flight index (`reaper_sends`), what was decided is saved and the
+        reaper sends the wake-up once the broker is back, so this only logs; else a typed error says so."""
         queue = self._session_queue(session_id)
-        if queue is not None:
+        if queue is None:
+            return
+        try:
             send_advance(self.app, session_id, reason, queue)
+        except (OperationalError, ValueError) as exc:  # kombu's: a broker that is down, an unreadable URL
+            error = _broker_refused(
+                str(self.app.conf.broker_url), session_id, exc,
+                then="the reaper sends it once the broker takes messages again" if reaper_sends
+                else "running tools still stop at their next heartbeat; call abort() again to wake the session",
+            )  # fmt: skip
+            if not reaper_sends or isinstance(error, ConfigurationError):
+                raise error from None
+            log.warning("%s", error)
 
     def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None) -> None:
         client = self.store.client
@@ -221,7 +239,7 @@ class Client:
             with redis_errors(self.store.client, f"clear the abort flag of {session_id!r}"):
                 self.store.client.delete(flag)
             return False
-        self._send_advance(session_id, "abort")
+        self._send_advance(session_id, "abort", reaper_sends=False)  # the reaper leaves aborted sessions alone
         return True
 
     def _in_progress(self, session_id: str) -> bool:
@@ -248,14 +266,19 @@ class Client:
         return self.store.checkpoints.sessions(status)
 
 
-def _broker_refused(broker: str, session_id: str, exc: Exception) -> SDKError:
-    """The error of a message the broker did not take (a wrong password, a URL kombu cannot read): kombu's
-    own says neither which broker nor what became of the job, and may quote a piece of the password
-    (issue #21). Raised `from None`: the chained original would show that piece in a logged traceback."""
+def _broker_refused(
+    broker: str,
+    session_id: str,
+    exc: Exception,
+    then: str = "the reaper sends it to the fleet once the broker takes messages again",
+) -> SDKError:
+    """The error of a message the broker did not take (a wrong password, a URL kombu cannot read, a broker
+    that is down): kombu's own says neither which broker nor what became of the job, and may quote a piece of
+    the password (issue #21). `then`: what becomes of the session. Raised `from None`: the chained original
+    would show that piece in a logged traceback."""
     detail = redact_secrets(str(exc), *url_secrets(broker)).rstrip(". ")
     error = ConfigurationError if isinstance(exc, ValueError) else StoreUnavailableError
     return error(
         f"the broker at {redact_url(broker)} did not take the message of session {session_id!r}: {detail}. "
-        "The session is saved: the reaper sends it to the fleet once the broker takes messages again "
-        "(check the broker's URL, address and password)"
+        f"The session is saved: {then} (check the broker's URL, address and password)"
     )
