@@ -5,6 +5,7 @@
 | `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise; unset: the local store (`LOUSHO_HOME`, `lousho.local_redis`) |
 | `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore), `dbm:///path.db` (the mapping store), or a scheme of `lousho.stores.registry` |
 | `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
+| `LOUSHO_PAYLOAD_KEYS`, `LOUSHO_PAYLOAD_COMPRESS` | the stores' payload codec (`k2:<base64>,k1:<base64>`, the first key writes; `1` to compress): `PayloadCodec.from_env()`, docs/stores.md |
 | `LOUSHO_APP` | the Celery app of `lousho worker` (`module:attr`) |
 | `LOUSHO_<FIELD>` | each `FleetSettings` field: `LOUSHO_QUEUE`, `LOUSHO_LEASE_TTL_S`, `LOUSHO_MAX_ATTEMPTS`, ... |
 
@@ -169,7 +170,9 @@ class LoushoSettings(BaseSettings):
                 f"the fleet needs a Redis store, but LOUSHO_STORE_URL is {redact_url(self.store_url)!r}; "
                 "unset it (the fleet's Redis is used) or point it at a redis:// URL"
             )
-        return RedisStore(self.store_url or self.require_redis_url(), prefix=self.prefix)
+        from lousho.stores.codec import PayloadCodec
+
+        return RedisStore(self.store_url or self.require_redis_url(), prefix=self.prefix, codec=PayloadCodec.from_env())
 
     def client(self) -> Client:
         """The web-app `Client` on this configuration (broker and store)."""

@@ -77,6 +77,16 @@ class PayloadCodec:
         self._ciphers = {key_id: _cipher(key_id, key) for key_id, key in self.keys.items()}
         self._write_key = next(iter(self.keys), None)
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PayloadCodec:
+        """The codec the environment names: `LOUSHO_PAYLOAD_KEYS` (`k2:<base64>,k1:<base64>`, the first
+        writes) and `LOUSHO_PAYLOAD_COMPRESS` (`1`/`true`); neither set: off (`PLAIN`). How the CLI,
+        `LoushoSettings` and store URLs turn it on (issue #17)."""
+        env = os.environ if environ is None else environ
+        keys = parse_keys(env.get("LOUSHO_PAYLOAD_KEYS", ""))
+        compress = env.get("LOUSHO_PAYLOAD_COMPRESS", "").strip().lower() in ("1", "true", "yes", "on")
+        return cls(compress=compress, keys=keys) if keys or compress else PLAIN
+
     @property
     def active(self) -> bool:
         """Whether writes are encoded (a codec that is off still reads encoded values it can open)."""

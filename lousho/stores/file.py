@@ -54,8 +54,8 @@ class FileStore(SessionsOfCheckpoints):
         return f"FileStore({str(self.dir)!r})"
 
 
-def open_url(url: str, *, prefix: str = "lousho:") -> FileStore:
+def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> FileStore:
     """`file:///abs/dir` or `file://./relative/dir`, the store registry's opener."""
     from lousho.stores.registry import local_path
 
-    return FileStore(local_path(url, "file"))
+    return FileStore(local_path(url, "file"), codec=codec)

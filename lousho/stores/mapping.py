@@ -106,8 +106,8 @@ def dbm_store(
     return MappingStore(opened, history_limit=history_limit, prefix=prefix, owns=True, codec=codec)
 
 
-def open_url(url: str, *, prefix: str = "lousho:") -> MappingStore:
+def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> MappingStore:
     """`dbm://<path>` (the store registry's opener): `dbm:///abs/path.db` or `dbm://./relative.db`."""
     from lousho.stores.registry import local_path
 
-    return dbm_store(local_path(url, "dbm"), prefix=prefix)
+    return dbm_store(local_path(url, "dbm"), prefix=prefix, codec=codec)

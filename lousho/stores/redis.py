@@ -142,6 +142,6 @@ class RedisStore(SessionsOfCheckpoints):
         return f"RedisStore({describe(self.client)}, prefix={self.prefix!r}, history_limit={self.history_limit})"
 
 
-def open_url(url: str, *, prefix: str = "lousho:") -> RedisStore:
+def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> RedisStore:
     """`redis://`, `rediss://` or `unix://` (the store registry's opener)."""
-    return RedisStore(url, prefix=prefix)
+    return RedisStore(url, prefix=prefix, codec=codec)

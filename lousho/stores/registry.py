@@ -24,6 +24,7 @@ from typing import Protocol
 from lousho.errors import ConfigurationError
 from lousho.redaction import redact_url
 from lousho.store_bundle import StoreBundle
+from lousho.stores.codec import PayloadCodec
 
 __all__ = ["StoreOpener", "local_path", "open_store", "register_store", "store_schemes"]
 
@@ -55,15 +56,20 @@ def store_schemes() -> dict[str, str]:
     return {scheme: entry.example for scheme, entry in _OPENERS.items()}
 
 
-def open_store(url: str, *, prefix: str = "lousho:") -> StoreBundle:
+def open_store(url: str, *, prefix: str = "lousho:", codec: PayloadCodec | None = None) -> StoreBundle:
     """The store bundle `url` names; an unknown scheme raises `ConfigurationError` listing the known ones.
-    The URL is shown only with its password masked."""
+    The URL is shown only with its password masked. `codec`: the payload codec (issue #17; None: the one
+    `LOUSHO_PAYLOAD_KEYS` / `LOUSHO_PAYLOAD_COMPRESS` name, if any), passed to the opener when it is on."""
     scheme = url.partition("://")[0].lower() if "://" in url else url.partition(":")[0].lower()
     entry = _OPENERS.get(scheme) or _OPENERS.get(scheme.partition("+")[0])
     if entry is None:
         examples = ", ".join(dict.fromkeys(e.example for e in _OPENERS.values()))
         raise ConfigurationError(f"unknown store URL {redact_url(url)!r}: use {examples}")
-    return _resolve(entry.opener)(url, prefix=prefix)
+    opener = _resolve(entry.opener)
+    codec = PayloadCodec.from_env() if codec is None else codec
+    if codec.active:
+        return opener(url, prefix=prefix, codec=codec)  # type: ignore[call-arg]
+    return opener(url, prefix=prefix)
 
 
 def _resolve(opener: StoreOpener | str) -> StoreOpener:

@@ -110,20 +110,20 @@ class SqliteStore(SqlStore):
         )
 
 
-def open_sqlite_url(url: str, *, prefix: str = "lousho:") -> SqliteStore:
+def open_sqlite_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> SqliteStore:
     """`sqlite:///path.db` (SQLAlchemy's form: `sqlite:////abs/path.db`), the store registry's opener."""
     from lousho.stores.registry import local_path
 
     path = local_path(url, "sqlite")
     if not path.startswith("/"):
         raise ConfigurationError(f"the store URL {url!r} needs three slashes: sqlite:///path.db")
-    return SqliteStore(path[1:])
+    return SqliteStore(path[1:], codec=codec)
 
 
-def open_url(url: str, *, prefix: str = "lousho:") -> SqlStore:
+def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> SqlStore:
     """`postgresql://...` or `postgres://...` (psycopg 3, the driver of lousho's postgres extra, unless the
     URL names one: `postgresql+psycopg2://`), the store registry's opener."""
     scheme, _, rest = url.partition("://")
     if "+" not in scheme:
         scheme = "postgresql+psycopg"
-    return SqlStore(f"{scheme}://{rest}")
+    return SqlStore(f"{scheme}://{rest}", codec=codec)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import threading
 import time
 import uuid
@@ -16,6 +18,7 @@ import redis
 
 from lousho import Message
 from lousho.scheduler import Client, reap_once
+from lousho.stores.codec import PayloadCodec
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings, broker_url
@@ -106,16 +109,36 @@ class Fleet:
             worker.kill()
 
 
+CODEC_ENV = {"LOUSHO_PAYLOAD_KEYS": "k1:" + base64.b64encode(bytes(range(32))).decode(), "LOUSHO_PAYLOAD_COMPRESS": "1"}
+"""The payload codec on (compression, encryption under key id k1) for workers and the test's store (issue #17)."""
+
+
 @pytest.fixture
 def fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet with the codec the environment names (`LOUSHO_PAYLOAD_KEYS=... pytest tests/fleet`: every
+    fleet test with it on), off by default."""
+    codec_env = {k: v for k, v in os.environ.items() if k in CODEC_ENV}
+    yield from _fleet(redis_url, redis_prefix, redis_client, tmp_path, codec_env)
+
+
+@pytest.fixture
+def codec_fleet(redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet whose workers and test store run with the payload codec on (issue #17)."""
+    yield from _fleet(redis_url, redis_prefix, redis_client, tmp_path, CODEC_ENV)
+
+
+def _fleet(
+    redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path, codec_env: dict[str, str]
+) -> Iterator[Fleet]:
     queue = f"lousho-test-{uuid.uuid4().hex[:12]}"
     env = {
         "LOUSHO_TEST_FLEET_REDIS": redis_url,
         "LOUSHO_TEST_FLEET_PREFIX": redis_prefix,
         "LOUSHO_TEST_FLEET_QUEUE": queue,
         "PYTHONPATH": ROOT,
+        **codec_env,
     }
-    store = RedisStore(redis_client, prefix=redis_prefix)
+    store = RedisStore(redis_client, prefix=redis_prefix, codec=PayloadCodec.from_env(codec_env))
     client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue, lease_ttl_s=2.0))
     fleet = Fleet(env=env, queue=queue, prefix=redis_prefix, store=store, client=client, log_dir=str(tmp_path))
     yield fleet

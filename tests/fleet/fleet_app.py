@@ -38,6 +38,7 @@ from pydantic import BaseModel
 from lousho import Agent, Message, ToolContext, agent_tool, define_tool
 from lousho.events import CheckpointSavedEvent, Event
 from lousho.providers.base import ModelRequest, ModelResponse
+from lousho.stores.codec import PayloadCodec
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url, create_app
 
@@ -56,7 +57,8 @@ SETTINGS = FleetSettings(
 )
 TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
 SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")
-store = RedisStore(URL, prefix=PREFIX, **json.loads(os.environ.get("LOUSHO_TEST_STORE_OPTIONS") or "{}"))
+# The payload codec from LOUSHO_PAYLOAD_KEYS / LOUSHO_PAYLOAD_COMPRESS, as a deployment's app turns it on (issue #17).
+store = RedisStore(URL, prefix=PREFIX, codec=PayloadCodec.from_env(), **json.loads(os.environ.get("LOUSHO_TEST_STORE_OPTIONS") or "{}"))
 redis = redis_py.Redis.from_url(os.environ["LOUSHO_TEST_PROBE_REDIS"]) if os.environ.get("LOUSHO_TEST_PROBE_REDIS") else store.client
 
 
@@ -101,6 +103,16 @@ class Work(BaseModel):
 
 class Charge(BaseModel):
     amount: int
+
+
+class Echo(BaseModel):
+    text: str
+
+
+def echo(args: Echo, ctx: ToolContext) -> dict[str, Any]:
+    """A tool whose result carries its argument: what the payload codec must keep out of Redis (issue #17)."""
+    redis.hincrby(key("runs"), ctx.tool_call_id, 1)
+    return {"said": args.text}
 
 
 async def work(args: Work, ctx: ToolContext) -> dict[str, Any]:
@@ -148,6 +160,7 @@ agent = Agent(
         # `work` whose interrupted calls are not re-run (issue #17: tests/fleet/test_interrupted_calls_fleet.py)
         define_tool(name="mail_ask", description="Send mail", input=Work, execute=work, on_interrupted="ask"),
         define_tool(name="mail_fail", description="Send mail", input=Work, execute=work, on_interrupted="fail"),
+        define_tool(name="echo", description="Say it back", input=Echo, execute=echo),
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
