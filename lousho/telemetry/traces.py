@@ -15,7 +15,8 @@ starts the root. The hash is read once per hop (one round trip, only while traci
 dropped when the run finishes, so the session's next run is a trace of its own.
 
 Attributes: `lousho.session_id`, `lousho.turn`, `lousho.tool`, `lousho.tool_call_id`,
-`lousho.attempt`, `lousho.reason` (an advance's), `lousho.outcome` (what the task returned).
+`lousho.attempt`, `lousho.reason` (an advance's), `lousho.outcome` (what the task returned), `lousho.parent`
+(`header`: the parent came in the task's headers; `run`: from the session's trace hash).
 """
 
 from __future__ import annotations
@@ -162,7 +163,8 @@ def start_hop(store: RedisStore, task_name: str, task_id: str, args: Any, reques
         SPAN_NAMES.get(task_name, task_name),
         context=parent if parent is not None else root_context,
         kind=SpanKind.CONSUMER,
-        attributes={**attributes, "lousho.attempt": int(attempt)},
+        # lousho.parent: whether the hop's parent came in its task's headers, or from its run (issue #19)
+        attributes={**attributes, "lousho.attempt": int(attempt), "lousho.parent": "header" if header else "run"},
     )
     attached = otel_context.attach(trace.set_span_in_context(span))
     return Hop(span, store, session_id, attached, _next_parent.set(root_context))

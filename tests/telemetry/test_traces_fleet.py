@@ -1,0 +1,110 @@
+"""Spans exported by real worker processes to a local OTLP/HTTP receiver form one trace per run, parent-child
+across the hops, through the outbox and through a requeue after a SIGKILL (issue #19)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from lousho import Message
+from lousho.telemetry import hooks
+from lousho.telemetry.traces import trace_key
+from tests.fleet.conftest import Fleet, tool_turn
+from tests.telemetry.conftest import OtlpReceiver, ReceivedSpan, start_recording_reaper
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+NOT_RUN = ("recorded", "running-elsewhere", "unknown-session", "waiting-for-approval")
+
+
+@pytest.fixture
+def traced_reaper(otlp_receiver: OtlpReceiver) -> Iterator[None]:
+    """This process (where the test's reaper runs) traces to the receiver, as `lousho reaper` with LOUSHO_TRACES."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "test-reaper"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=otlp_receiver.endpoint)))
+    hooks.enable(traces=provider)
+    try:
+        yield
+    finally:
+        hooks.disable()
+        provider.shutdown()
+
+
+def wait_for_spans(receiver: OtlpReceiver, session_id: str, done: str, timeout_s: float = 30.0) -> list[ReceivedSpan]:
+    """The session's spans, once the span of its finishing hop (named `done`) has come in."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        spans = receiver.of_session(session_id)
+        if any(s.name == done and s.attributes.get("lousho.outcome") == "finished" for s in spans):
+            return spans
+        time.sleep(0.1)
+    raise AssertionError(f"no finishing span of {session_id}: {receiver.of_session(session_id)}")
+
+
+def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigkill(
+    fleet: Fleet, otlp_receiver: OtlpReceiver, traced_reaper: None
+) -> None:
+    fleet.script("t1", [tool_turn(("t1-a", "work", {"n": 1, "sleep_s": 1.5})),
+                        tool_turn(("t1-b", "work", {"n": 2})), Message.assistant("t1 done")])  # fmt: skip
+    fleet.script("t2", [tool_turn(("t2-a", "work", {"n": 1})), Message.assistant("t2 done")])
+    env = {"LOUSHO_TRACES": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp_receiver.endpoint,
+           "OTEL_BSP_SCHEDULE_DELAY": "50"}  # fmt: skip
+    for _ in range(2):
+        fleet.start_worker(**env)
+    requeued: list[str] = []
+    start_recording_reaper(fleet, requeued)
+    fleet.client.enqueue("jobs", "job t1", session_id="t1")
+    fleet.client.enqueue("jobs", "job t2", session_id="t2")
+    victim = fleet.worker_with_pid(fleet.pid_running("t1-a"))
+    time.sleep(0.5)  # what it finished before (its model turn, maybe) is exported: it dies in t1-a only
+    victim.kill(signal.SIGKILL)
+    fleet.wait_for(["t1", "t2"])
+    spans = wait_for_spans(otlp_receiver, "t1", "lousho.model_turn")
+    others = wait_for_spans(otlp_receiver, "t2", "lousho.model_turn")
+
+    # One trace: every span of t1's run shares its id, under one root; t2's run is a trace of its own.
+    assert len({s.trace_id for s in spans}) == 1
+    assert {s.trace_id for s in others} != {s.trace_id for s in spans} and len({s.trace_id for s in others}) == 1
+    (root,) = [s for s in spans if s.name == "lousho.run"]
+    assert root.parent_id == ""
+    by_name: dict[str, list[ReceivedSpan]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    # A span per model turn, each the root's child (the turns after the first sent through the outbox).
+    turns = sorted(by_name["lousho.model_turn"], key=lambda s: s.attributes["lousho.turn"])
+    assert [s.attributes["lousho.turn"] for s in turns] == [1, 2, 3]
+    assert all(s.parent_id == root.span_id and s.service == "lousho" for s in turns)
+    assert [s.attributes["lousho.parent"] for s in turns] == ["run", "header", "header"]
+    # The reaper's requeue: a child of the root with its event; the advance it sent is its child (by the header).
+    assert requeued and set(requeued) == {"t1"}
+    requeues = by_name["lousho.requeue"]
+    assert len(requeues) == len(requeued)
+    assert all(r.parent_id == root.span_id and r.events == ["lousho.reaper.requeued"] for r in requeues)
+    assert all(r.service == "test-reaper" for r in requeues)
+    advances = by_name["lousho.advance"]
+    assert sorted(a.parent_id for a in advances) == sorted(r.span_id for r in requeues)
+    assert all(a.attributes["lousho.reason"] == "reaper" for a in advances)
+    # The tool calls: the killed start of t1-a never ended (its span died with its worker); its run again is
+    # the root's child, with its attempt counted from that first start.
+    calls = by_name["lousho.tool_call"]
+    assert all(c.parent_id == root.span_id and c.attributes["lousho.parent"] == "header" for c in calls)
+    again = sorted((c for c in calls if c.attributes["lousho.tool_call_id"] == "t1-a"),
+                   key=lambda c: c.attributes["lousho.attempt"])  # fmt: skip
+    assert [c.attributes["lousho.attempt"] for c in again] == list(range(2, 2 + len(again)))
+    assert again[-1].attributes["lousho.outcome"] not in NOT_RUN
+    assert all(c.attributes["lousho.outcome"] == "running-elsewhere" for c in again[:-1])
+    (second,) = [c for c in calls if c.attributes["lousho.tool_call_id"] == "t1-b"]
+    assert second.attributes | {"lousho.outcome": ""} == {
+        "lousho.session_id": "t1", "lousho.tool_call_id": "t1-b", "lousho.tool": "work", "lousho.turn": 2,
+        "lousho.attempt": 1, "lousho.parent": "header", "lousho.outcome": "",
+    }  # fmt: skip
+    assert fleet.counts("runs")["t1-a"] == 2
+    # The run is over: its trace hash is gone, so the session's next run starts a trace of its own.
+    assert not fleet.redis.exists(trace_key(fleet.store, "t1"))
