@@ -29,7 +29,8 @@ class FleetSettings:
     """How fast the fleet notices a dead worker, and how hard it retries poison work.
 
     A dead worker's session runs again within about `lease_ttl_s + reaper_interval_s`
-    (defaults: 8 s); both can go down to 1 s at the cost of more Redis traffic.
+    (defaults: 8 s); both can go down to 1 s at the cost of more Redis traffic. A tool call whose worker
+    process is gone runs again sooner, within about `death_check_interval_s`, under `lousho reaper`.
     """
 
     lease_ttl_s: float = 6.0
@@ -38,6 +39,10 @@ class FleetSettings:
     """How often running work extends its lease; default a third of `lease_ttl_s`."""
     reaper_interval_s: float = 2.0
     """How often the reaper looks for sessions whose deadline passed and whose lease is free."""
+    death_check_interval_s: float = 0.25
+    """How often `lousho reaper` lists the worker processes connected to Redis: a tool call whose process
+    is gone (SIGKILL, OOM killer) runs again at once, without waiting for its lease (issue #20,
+    `lousho.fleet.liveness`). 0: never; the lease TTL alone then tells a dead worker."""
     requeue_backoff_s: float = 30.0
     """After a requeue, how long the reaper leaves a session alone (a busy queue is not a dead worker)."""
     max_attempts: int = 3
@@ -55,6 +60,12 @@ class FleetSettings:
     and lease release, and cheaper than `app.send_task` (a hop 3.97 ms against 5.11 ms in the
     benchmarks; used only when the broker is the store's Redis). False sends every step through
     Celery's publish: its `task-sent` events and `after_task_publish` signal for each step."""
+
+    quorum_queues: bool = False
+    """On RabbitMQ, declare lousho's queues as quorum queues: replicated over a RabbitMQ cluster's nodes, so
+    the loss of one node loses no queued step (RabbitMQ 3.8+). Every app on the broker must agree (workers,
+    `Client`s, the reaper): RabbitMQ refuses to declare a queue again with another type. Not needed for
+    correctness (a lost message costs a reaper pass) and ignored on Redis (docs/topologies.md, issue #18)."""
 
     @property
     def requeue_wait_ms(self) -> int:
@@ -109,6 +120,8 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
         "worker_hijack_root_logger": False,
         "beat_schedule": {"lousho-reaper": {"task": TASK_REAP, "schedule": settings.reaper_interval_s}},
     }
+    if settings.quorum_queues:  # the app's own queue and those it names per job (a Client's, the reaper's)
+        config.update(task_default_queue_type="quorum", task_create_missing_queue_type="quorum")
     config.update(overrides)
     return config
 

@@ -19,7 +19,8 @@ sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CO
 `LOUSHO_TEST_PROBE_REDIS=<url>` (where the test's own counters and scripts live, when the store's
 Redis is behind a fault proxy: the probes must see the faults' effects without suffering them),
 `LOUSHO_TEST_OUTBOX=0` (every step sent through `app.send_task`; each call counted in the hash
-`sends` by task name), `LOUSHO_TEST_FLEET_BROKER=<url>` (a broker other than the store's Redis).
+`sends` by task name), `LOUSHO_TEST_FLEET_BROKER=<url>` (a broker other than the store's Redis),
+`LOUSHO_TEST_QUORUM_QUEUES=1` (`FleetSettings(quorum_queues=True)`: RabbitMQ quorum queues).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ SETTINGS = FleetSettings(
     # script pushing its next task) is off for those workers, on otherwise.
     outbox=os.environ.get("LOUSHO_TEST_OUTBOX", "1") == "1"
     and not (os.environ.get("LOUSHO_TEST_DELIVER_TWICE") or os.environ.get("LOUSHO_TEST_SEND_FAULTS")),
+    quorum_queues=os.environ.get("LOUSHO_TEST_QUORUM_QUEUES") == "1",  # RabbitMQ's (issue #18)
 )
 TRACK = bool(os.environ.get("LOUSHO_TEST_TRACK"))
 SAVE_LOG = os.environ.get("LOUSHO_TEST_SAVE_LOG")

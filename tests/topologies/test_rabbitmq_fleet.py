@@ -101,3 +101,29 @@ def test_zombie_workers_never_land_a_stale_write_on_rabbitmq(
 ) -> None:
     smaller_on_rabbitmq(zombies, monkeypatch, SESSIONS=8, PAUSES=3)
     zombies.test_zombie_workers_never_land_a_stale_write(rabbitmq_chaos_fleet, tmp_path)
+
+
+@pytest.mark.timeout(90)
+def test_on_quorum_queues_a_worker_killed_mid_tool_loses_nothing(rabbitmq_quorum_fleet: Fleet) -> None:
+    """`FleetSettings(quorum_queues=True)`: the queue is a quorum queue, Celery's global QoS is off (quorum
+    queues have none), and a SIGKILL mid-tool is survived as on a classic queue."""
+    fleet = rabbitmq_quorum_fleet
+    fleet.script(
+        "qq", [tool_turn(("k1", "work", {"n": 4, "sleep_s": 0.3}), ("k2", "work", {"n": 5})), Message.assistant("ok")]
+    )
+    fleet.kill_on("tool:k1")  # its worker dies while running k1
+    workers = [fleet.start_worker(), fleet.start_worker()]
+    fleet.start_reaper()
+    fleet.client.enqueue("jobs", "go", session_id="qq")
+    fleet.wait_for(["qq"], timeout_s=60)
+
+    assert fleet.violations() == []
+    assert fleet.counts("runs") == {"k1": 2, "k2": 1}  # the killed call ran again, once; the other once
+    assert any("Global QoS is disabled" in worker.log() for worker in workers)
+    with Connection(fleet.env["LOUSHO_TEST_FLEET_BROKER"]) as connection:
+        channel = connection.channel()
+        channel.queue_declare(
+            fleet.queue, durable=True, auto_delete=False, arguments={"x-queue-type": "quorum"}
+        )  # as it is: accepted
+        with pytest.raises(connection.channel_errors, match="inequivalent arg 'x-queue-type'"):
+            channel.queue_declare(fleet.queue, durable=True, auto_delete=False, arguments={"x-queue-type": "classic"})
