@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import typer
 
+from lousho.approvals import ApprovalDecision, decide, parse_decision
 from lousho.cli_render import approvals_table, print_json, print_table, report_skipped, short, sync
-from lousho.errors import SessionNotFoundError
+from lousho.errors import InvalidDecisionError, SessionNotFoundError
 from lousho.pausing import check_stored_calls_unchanged
 from lousho.stores.listing import Listing
 
@@ -97,20 +99,31 @@ def register(app: typer.Typer) -> None:
         approval_id: str = typer.Argument(..., help="The approval id (see `lousho approvals`)."),
         reject: bool = typer.Option(False, "--reject", help="Reject the call instead: the model reads the rejection."),
         note: str | None = typer.Option(None, "--note", help="A note the model reads with the decision."),
+        action: str | None = typer.Option(
+            None, "--action", help="An interrupted call's answer: rerun, record (with --result) or fail."
+        ),
+        result: str | None = typer.Option(None, "--result", help="With --action record: the call's result, as JSON."),
     ) -> None:
-        """Approve (or --reject) a paused tool call; on the fleet the run goes on at once."""
+        """Approve (or --reject) a paused tool call; on the fleet the run goes on at once. An interrupted
+        call (kind 'interrupted' in `lousho approvals`) takes --action: run it again, record --result, or fail."""
         settings = settings_of(ctx)
         store = settings.store()
         from lousho.stores.redis import RedisStore
 
+        decision = interrupted_decision(approval_id, not reject and action != "fail", note, action, result)
         if isinstance(store, RedisStore):
-            snapshot = settings.client().resolve_approval(approval_id, approved=not reject, note=note)
+            snapshot = settings.client().resolve_approval(
+                approval_id, approved=decision.approved, note=note, action=decision.action, result=decision.result
+            )
             then = "the fleet continues the run"
         else:
             sync(check_stored_calls_unchanged(store.approvals, store.checkpoints, approval_id))  # issue #17
-            snapshot = sync(store.approvals.decide(approval_id, not reject, note))
+            snapshot = sync(decide(store.approvals, decision))
             then = "the next resume of the session applies it"
-        typer.echo(f"{snapshot.status} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}")
+        answer = f" ({snapshot.action})" if snapshot.action else ""
+        typer.echo(
+            f"{snapshot.status}{answer} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}"
+        )
 
     @app.command()
     def abort(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
@@ -130,3 +143,16 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{session} has no run to abort (it is finished, or unknown): nothing changed")
             return
         typer.echo(f"aborted {session}: it stays in-progress and idle until new input or `lousho resume {session}`")
+
+
+def interrupted_decision(
+    approval_id: str, approved: bool, note: str | None, action: str | None, result: str | None
+) -> ApprovalDecision:
+    """`lousho approve`'s decision, checked before anything is written: --result is JSON (issue #17)."""
+    try:
+        parsed = None if result is None else json.loads(result)
+    except ValueError as exc:
+        raise InvalidDecisionError(
+            f"--result must be JSON (a string in quotes: '\"sent\"'); got {result!r:.200}"
+        ) from exc
+    return parse_decision({"id": approval_id, "approved": approved, "note": note, "action": action, "result": parsed})

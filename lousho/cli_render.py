@@ -143,7 +143,8 @@ def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
     _id_column(table, "approval", (snapshot.id for snapshot in snapshots))
     _id_column(table, "session", (waiting.session_id or "-" for _, waiting in rows))
     _id_column(table, "parent", parents)
-    for column in ("tool", "arguments", "created"):
+    # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action ...` (issue #17)
+    for column in ("tool", "arguments", "created", "kind"):
         table.add_column(column, overflow="fold")
     for (snapshot, waiting), parent in zip(rows, parents, strict=True):
         table.add_row(
@@ -153,6 +154,7 @@ def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
             escape(waiting.tool_call.name),
             escape(short(waiting.tool_call.arguments, 80)),
             snapshot.created_at,
+            waiting.kind,
         )
     return table
 

@@ -10,15 +10,17 @@ it imports no agent code, so it deploys apart from the workers and never runs a 
     POST /jobs/{id}/abort      stop the run (running tools see their signal)
     GET  /approvals            pending approvals (?session_id=...)
     POST /approvals/{id}       {"approved": true, "note": "..."}: the fleet continues the run at once
+                               an interrupted call (kind "interrupted": it may have run when its worker died)
+                               also takes "action": "rerun" | "record" (with "result") | "fail"
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, StrictBool
+from pydantic import BaseModel, JsonValue, StrictBool
 
 from lousho.approvals import ApprovalSnapshot
 from lousho.errors import (
@@ -56,6 +58,8 @@ class ApprovalOut(BaseModel):
     """The session whose call waits: a sub-agent's, when the call was made inside a sub-agent."""
     parent_session_id: str | None = None
     """For a sub-agent's call: the job's session that the sub-agent runs for (paused on the same id)."""
+    kind: str = "approval"
+    """'interrupted': the call may have run already (its worker died in it); decide it with an action (issue #17)."""
     tool: str
     arguments: dict[str, Any]
     created_at: str
@@ -67,6 +71,7 @@ class ApprovalOut(BaseModel):
             id=snapshot.id,
             session_id=waiting.session_id,
             parent_session_id=snapshot.session_id if waiting is not snapshot else None,
+            kind=waiting.kind,
             tool=waiting.tool_call.name,
             arguments=waiting.tool_call.arguments,
             created_at=snapshot.created_at,
@@ -77,11 +82,15 @@ class DecisionIn(BaseModel):
     approved: StrictBool
     """JSON true or false: "yes", 1 or "false" get a 422, never a decision nobody made (issue #21)."""
     note: str | None = None
+    action: Literal["rerun", "record", "fail"] | None = None
+    """Only for an interrupted call: run it again, record `result`, or record a failure (issue #17)."""
+    result: JsonValue = None
 
 
 class DecisionOut(BaseModel):
     id: str
     status: str
+    action: str | None = None
     session_id: str | None
 
 
@@ -144,8 +153,12 @@ def create_app(client: Client | None = None) -> FastAPI:
 
     @api.post("/approvals/{approval_id}")
     def decide(approval_id: str, decision: DecisionIn, client: ClientDep) -> DecisionOut:
-        snapshot = client.resolve_approval(approval_id, approved=decision.approved, note=decision.note)
-        return DecisionOut(id=snapshot.id, status=snapshot.status, session_id=snapshot.session_id)
+        snapshot = client.resolve_approval(
+            approval_id, approved=decision.approved, note=decision.note, action=decision.action, result=decision.result
+        )
+        return DecisionOut(
+            id=snapshot.id, status=snapshot.status, action=snapshot.action, session_id=snapshot.session_id
+        )
 
     return api
 

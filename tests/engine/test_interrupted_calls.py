@@ -189,3 +189,35 @@ async def test_an_action_on_an_ordinary_approval_is_refused_and_changes_nothing(
 def test_an_unknown_policy_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="on_interrupted"):
         define_tool(name="t", description="", input=Email, execute=lambda a, c: 1, on_interrupted="retry")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+async def test_lousho_approvals_lists_an_interrupted_call_and_lousho_approve_records_the_typed_result(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from lousho.cli import app
+
+    crash_in_the_middle_of_the_call(tmp_path, "ask")
+    paused = await make_agent(tmp_path).resume("s-ask")
+    assert paused is not None and paused.approval_id is not None
+    env = {"LOUSHO_STORE_URL": f"file://{tmp_path / 'store'}", "LOUSHO_REDIS_URL": None, "REDIS_URL": None}
+
+    listed = await asyncio.to_thread(CliRunner().invoke, app, ["approvals", "--json"], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert '"kind": "interrupted"' in listed.stdout and paused.approval_id in listed.stdout
+    bad = await asyncio.to_thread(
+        CliRunner().invoke, app, ["approve", paused.approval_id, "--action", "record", "--result", "{oops"], env=env
+    )
+    assert bad.exit_code == 1 and "LOUSHO_INVALID_DECISION" in bad.stderr
+    said = await asyncio.to_thread(
+        CliRunner().invoke, app, ["approve", paused.approval_id, "--action", "record", "--result", '"sent by hand"'],
+        env=env,
+    )
+    assert said.exit_code == 0 and said.stdout.startswith(f"approved (record) {paused.approval_id}"), said.output
+
+    result = await make_agent(tmp_path).resume("s-ask")  # the next resume applies the recorded decision
+    assert result is not None and result.finish_reason == "stop"
+    assert_finished_with_every_result(result.checkpoint, "s-ask")
+    assert results(result.checkpoint)["ask-send"] == "sent by hand" and runs(tmp_path, "ask-send") == 1

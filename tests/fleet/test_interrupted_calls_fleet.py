@@ -5,11 +5,16 @@ until a human decides: run again, record a result they typed, or record a failur
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
+from typer.testing import CliRunner
 
+from examples.webapp.app import create_app
 from lousho import Message
+from lousho.cli import app
 from lousho.tools import interrupted_result
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
@@ -60,12 +65,47 @@ def test_rerun_runs_the_call_again_and_fail_records_the_interrupted_error(fleet:
     assert fleet.violations() == []
 
 
+FAILED = interrupted_result("mail_ask")
 CHOICES: dict[str, tuple[dict[str, Any], Any, int]] = {
     # the decision -> the call's recorded result, and its runs in all
     "ask-rerun": ({"approved": True, "action": "rerun"}, {"n": 3, "square": 9}, 2),
     "ask-record": ({"approved": True, "action": "record", "result": {"sent": "by hand"}}, {"sent": "by hand"}, 1),
-    "ask-fail": ({"approved": False, "action": "fail"}, interrupted_result("mail_ask"), 1),
+    "ask-fail": ({"approved": False, "action": "fail", "note": "no mail left"},
+                 {**FAILED, "note": f"{FAILED['note']} A human's note: no mail left"}, 1),
 }
+
+
+def cli_env(fleet: Fleet) -> dict[str, str | None]:
+    """`lousho` against this fleet's Redis, prefix and queue."""
+    return {"LOUSHO_REDIS_URL": fleet.env["LOUSHO_TEST_FLEET_REDIS"], "LOUSHO_PREFIX": fleet.prefix,
+            "LOUSHO_QUEUE": fleet.queue, "REDIS_URL": None, "LOUSHO_STORE_URL": None}
+
+
+def lousho(fleet: Fleet, *args: str) -> str:
+    done = CliRunner().invoke(app, list(args), env=cli_env(fleet))
+    assert done.exit_code == 0, (args, done.output, done.exception)
+    return done.stdout
+
+
+async def decide_on_the_web(fleet: Fleet, approval_id: str) -> None:
+    """The web example lists the approval as an interrupted call, and records the human's result."""
+    transport = httpx.ASGITransport(app=create_app(fleet.client))
+    async with httpx.AsyncClient(transport=transport, base_url="http://webapp.test") as http:
+        listed = (await http.get("/approvals", params={"session_id": "ask-record"})).json()
+        assert [(a["id"], a["kind"], a["tool"]) for a in listed] == [(approval_id, "interrupted", "mail_ask")]
+        decided = await http.post(f"/approvals/{listed[0]['id']}", json=CHOICES["ask-record"][0])
+        assert decided.status_code == 200 and decided.json()["action"] == "record", decided.text
+
+
+def decide_each_way(fleet: Fleet, approvals: dict[str, Any]) -> None:
+    """Each choice through another of the paths a human uses: `Client`, the web example, `lousho approve`;
+    the listings of the web example and of `lousho approvals` show the approvals as interrupted calls."""
+    fleet.client.resolve_approval(approvals["ask-rerun"].id, **CHOICES["ask-rerun"][0])
+    asyncio.run(decide_on_the_web(fleet, approvals["ask-record"].id))
+    table = lousho(fleet, "approvals", "--session", "ask-fail")
+    assert approvals["ask-fail"].id in table and "interrupted" in table
+    said = lousho(fleet, "approve", approvals["ask-fail"].id, "--action", "fail", "--note", "no mail left")
+    assert said.startswith(f"rejected (fail) {approvals['ask-fail'].id}"), said
 
 
 def test_ask_pauses_runs_nothing_more_and_each_human_choice_gives_its_transcript(fleet: Fleet) -> None:
@@ -83,8 +123,7 @@ def test_ask_pauses_runs_nothing_more_and_each_human_choice_gives_its_transcript
         assert approvals[session].kind == "interrupted" and approvals[session].tool_call.id == f"{session}-send"
         assert f"{session}-send" not in results(fleet, session)
 
-    for session, (decision, _, _) in CHOICES.items():
-        fleet.client.resolve_approval(approvals[session].id, **decision)
+    decide_each_way(fleet, approvals)
     fleet.wait_for(list(CHOICES), timeout_s=90)
 
     runs = fleet.counts("runs")
