@@ -1,8 +1,9 @@
 """The fleet page's data: live workers, queue depths, in-flight sessions and their leases, running calls,
 parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19).
 
-The reaper keeps no count of its requeues in Redis (its passes log them; the metrics of issue #19 count
-them); what Redis holds is each session's pending-requeue mark (`FleetKeys.requeued`): shown per session.
+The reaper's requeues, lease takeovers and poison results are the fleet-wide counts of the metrics' counters
+(`lousho.telemetry.counters`, when present); each session's pending-requeue mark (`FleetKeys.requeued`) is
+shown per in-flight session.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ class FleetView:
     inflight: list[InflightRow]
     running: list[RunningCallRow]
     parked: dict[str, str]
+    events: dict[str, int] | None
+    """Fleet-wide counts (reaper requeues, lease takeovers, poison results); None where none are kept."""
 
 
 def fleet_view(ctx: DashboardContext) -> FleetView | None:
@@ -68,7 +71,16 @@ def fleet_view(ctx: DashboardContext) -> FleetView | None:
         inflight=_inflight(store, now_ms),
         running=_running(store, now_ms),
         parked=ctx.parked_reasons(),
+        events=_event_counts(store),
     )
+
+
+def _event_counts(store: Any) -> dict[str, int] | None:
+    try:
+        from lousho.telemetry.counters import FleetCounters
+    except ImportError:  # the telemetry package is optional here: the page shows what Redis holds
+        return None
+    return {name.replace("_", " "): count for name, count in FleetCounters.of(store).read().items()}
 
 
 def _depth(client: Any, queue: str) -> int:

@@ -18,6 +18,7 @@ from lousho.settings import store_from_url
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
 from tests.fixtures.core import ToolLog, charge_tool, weather_tool
+from tests.fleet.conftest import fleet  # noqa: F401  (the real fleet, for the browser test)
 
 WEATHER = ("call_weather", "weather", {"city": "Oslo"})
 CHARGE = ("call_charge", "charge_card", {"amount": 40})

@@ -66,6 +66,10 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     "lousho eval --drift 'trip.fork-*' 'trip-v2.fork-*' --json": EVAL,
     "lousho --store-url dbm://./.lousho/runs.db sessions": DBM,
     "lousho --store-url dbm://./.lousho/runs.db history chat-7": DBM,
+    "lousho dashboard --port 8300": "tests/dashboard/test_dashboard_cli.py::test_lousho_dashboard_serves_the_fleets_sessions",
+    "lousho --store-url sqlite:///runs.db dashboard --read-only --port 8301": (
+        "tests/dashboard/test_dashboard_cli.py::test_lousho_dashboard_read_only_over_sqlite_refuses_posts"
+    ),
     ".venv/bin/python -m chaos": "scripts/check",  # the test command runs the chaos suite this way
     ".venv/bin/python -m pytest tests/chaos -k kills": "tests/chaos/test_worker_kills.py::test_random_worker_kills_keep_every_guarantee",
 }

@@ -1,0 +1,101 @@
+"""The dashboard end to end in a real headless chromium, on a real fleet of Celery worker processes (issue #19):
+a job appears on the sessions page, is approved from the approvals page and finishes; a finished session is
+forked from its history with a patched tool result, run, and compared with its source. Each page's screenshot
+is written to docs/dashboard/*.png (shown in the README and docs/observability.md)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lousho import Message
+from lousho.dashboard import create_dashboard
+from tests.dashboard.browser import chromium_page, serving
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+SHOTS = Path(ROOT) / "docs" / "dashboard"
+
+
+def shoot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def wait_for_status(page: Any, url: str, status: str, timeout_s: float = 60) -> None:
+    """Reload the session's page until it shows `status` (the worker moves the run meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page.goto(url)
+        if page.inner_text("#session-status") == status:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{url} never showed {status!r}; it shows {page.inner_text('#session-status')!r}")
+
+
+def newest_save_with_both_results(fleet: Fleet, session_id: str) -> int:
+    """The save right before the final answer: both calls' results recorded, the model not asked yet."""
+    for entry in fleet.store.checkpoints.history(session_id):  # newest first
+        results = {m.tool_call_id for m in entry.checkpoint.messages if m.role == "tool"}
+        if entry.status == "in-progress" and results == {"w1", "c1"}:
+            return entry.checkpoint.version
+    raise AssertionError(f"{session_id} has no save with both results")
+
+
+def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_browser(fleet: Fleet) -> None:
+    fleet.script(
+        "pay",
+        [
+            tool_turn(("w1", "work", {"n": 3}), ("c1", "charge", {"amount": 30})),
+            Message.assistant("Paid 30; the square of 3 is 9."),
+        ],
+    )
+    fleet.script("pay.fork-1", [Message.assistant("unused"), Message.assistant("Paid 30; the square of 3 is 99?")])
+    fleet.start_worker("w1")
+    with serving(create_dashboard(fleet.store, client=fleet.client)) as base, chromium_page() as page:
+        page.goto(f"{base}/")
+        fleet.client.enqueue("jobs", "Charge 30 and square 3", session_id="pay")
+        page.wait_for_selector('tr[data-session="pay"] .status.awaiting-approval', timeout=60_000)  # live rows
+        shoot(page, "sessions")
+
+        page.goto(f"{base}/approvals")
+        row = page.locator("tr[data-approval]").filter(has_text="charge")
+        row.locator('input[name="note"]').fill("within budget")
+        shoot(page, "approvals")
+        row.locator("button.approve").click()
+        page.wait_for_selector("p.note:text('approved')")
+        wait_for_status(page, f"{base}/sessions/pay", "finished")
+        assert "Paid 30; the square of 3 is 9." in page.inner_text("table.transcript")
+        assert '"charged": 30' in page.inner_text("#call-c1")
+        shoot(page, "session")
+
+        page.goto(f"{base}/sessions/pay/history")
+        page.select_option("#fork-save", str(newest_save_with_both_results(fleet, "pay")))
+        page.select_option("#fork-call", "w1")
+        page.fill("#fork-result", '{"n": 3, "square": 99}')
+        shoot(page, "history")
+        page.click("#fork-submit")
+        page.wait_for_selector("p.note:text('forked pay')")
+        assert page.inner_text("#session-status") == "in-progress"
+        page.click("#run")
+        wait_for_status(page, f"{base}/sessions/pay.fork-1", "finished")
+        assert '"square": 99' in page.inner_text("#call-w1")
+
+        page.goto(f"{base}/compare?a=pay&b=pay.fork-1")
+        assert page.inner_text("#verdict") == "first divergence at step 1"
+        highlighted = page.locator("#first-divergence")
+        assert "99" in highlighted.inner_text() and "9" in highlighted.inner_text()
+        assert highlighted.evaluate("row => getComputedStyle(row.cells[0]).backgroundColor") != "rgb(255, 255, 255)"
+        shoot(page, "compare")
+
+        fleet.script("busy", [tool_turn(("s1", "work", {"n": 2, "sleep_s": 4})), Message.assistant("done")])
+        fleet.client.enqueue("jobs", "a slow one", session_id="busy")
+        fleet.pid_running("s1")
+        page.goto(f"{base}/fleet")
+        assert "jobs" in page.inner_text("table.workers") and fleet.queue in page.inner_text("table.queues")
+        assert "busy" in page.inner_text("table.inflight") and "s1" in page.inner_text("table.running")
+        shoot(page, "fleet")
+    assert fleet.counts("runs") == {"w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
