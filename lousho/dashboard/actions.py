@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lousho.approvals import ApprovalSnapshot
+from lousho.approvals import ApprovalSnapshot, decide
+from lousho.cli_jobs import interrupted_decision
 from lousho.cli_render import sync
 from lousho.dashboard.views import DashboardContext
 from lousho.errors import ConfigurationError
@@ -22,13 +23,24 @@ from lousho.trajectory import fork as fork_session
 __all__ = ["ForkForm", "Forked", "decide_approval", "fork_from_save", "patch_of"]
 
 
-def decide_approval(ctx: DashboardContext, approval_id: str, *, approved: bool, note: str | None) -> ApprovalSnapshot:
-    """Approve or reject a paused call; on a fleet the run goes on at once (as `lousho approve`)."""
-    note = note or None
+def decide_approval(
+    ctx: DashboardContext,
+    approval_id: str,
+    *,
+    approved: bool,
+    note: str | None,
+    action: str | None = None,
+    result: str | None = None,
+) -> ApprovalSnapshot:
+    """Approve or reject a paused call, or answer an interrupted one (`action` rerun / record with `result`
+    as JSON / fail); on a fleet the run goes on at once. The decision is checked as `lousho approve` checks it."""
+    decision = interrupted_decision(approval_id, approved and action != "fail", note or None, action or None, result)
     if ctx.client is not None:
-        return ctx.client.resolve_approval(approval_id, approved=approved, note=note)
+        return ctx.client.resolve_approval(
+            approval_id, approved=decision.approved, note=decision.note, action=decision.action, result=decision.result
+        )
     sync(check_stored_calls_unchanged(ctx.bundle.approvals, ctx.bundle.checkpoints, approval_id))
-    snapshot: ApprovalSnapshot = sync(ctx.bundle.approvals.decide(approval_id, approved, note))
+    snapshot: ApprovalSnapshot = sync(decide(ctx.bundle.approvals, decision))
     return snapshot
 
 

@@ -30,11 +30,14 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         await check_post(request, read_only=ctx.read_only)
         form = await request.form()
         approved = form.get("decision") == "approve"
+        answer = {name: str(form.get(name) or "") or None for name in ("note", "action", "result")}
+        if answer["action"] != "record":
+            answer["result"] = None  # a result goes with 'record' only (an interrupted call's form)
         try:
-            note = str(form.get("note") or "")
-            snapshot = await run_in_threadpool(decide_approval, ctx, approval_id, approved=approved, note=note)
+            snapshot = await run_in_threadpool(decide_approval, ctx, approval_id, approved=approved, **answer)
         except SDKError as exc:
             return refused(pages, request, exc)
         then = "the fleet continues the run" if ctx.client else "the next resume of the session applies it"
-        note = f"{snapshot.status} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}"
+        chose = f" ({snapshot.action})" if getattr(snapshot, "action", None) else ""
+        note = f"{snapshot.status}{chose} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}"
         return RedirectResponse(str(request.url_for("approvals").include_query_params(note=note)), status_code=303)

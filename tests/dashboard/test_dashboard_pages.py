@@ -3,6 +3,7 @@ what each page shows, decisions and forks from forms, read-only mode, the auth h
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -13,6 +14,10 @@ from fastapi.testclient import TestClient
 from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
 from lousho.errors import ConfigurationError
+from lousho.scheduler.client import Client
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url
+from tests.dashboard.conftest import fill
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,3 +160,40 @@ def test_a_fleet_store_without_a_client_is_refused_unless_read_only(fleet_store:
     with pytest.raises(ConfigurationError, match="client="):
         create_dashboard(store)
     assert TestClient(create_dashboard(store, read_only=True)).get("/fleet").status_code == 200
+
+
+def test_an_interrupted_call_approval_shows_its_kind_and_records_the_typed_result(
+    dashboard: tuple[Any, Any, TestClient],
+) -> None:
+    store, _, browser = dashboard
+    (approval,) = sync(store.approvals.pending("pay"))
+    sync(store.approvals.save(approval.model_copy(update={"kind": "interrupted"})))
+    page = browser.get("/approvals").text
+    row = page[page.index(f'data-approval="{approval.id}"') :]
+    assert "<td>interrupted</td>" in row and 'name="action"' in row
+    form = {"csrf_token": token_of(page), "decision": "approve", "note": "it ran", "action": "record"}
+    bad = browser.post(f"/approvals/{approval.id}", data={**form, "result": "{not json"})
+    assert bad.status_code == 400 and sync(store.approvals.load(approval.id)).status == "pending"
+    answer = browser.post(f"/approvals/{approval.id}", data={**form, "result": '{"charged": 40}'})
+    assert answer.status_code == 200 and "approved (record)" in answer.text
+    decided = sync(store.approvals.load(approval.id))
+    assert (decided.action, decided.result, decided.note) == ("record", {"charged": 40}, "it ran")
+
+
+@pytest.mark.parametrize(
+    ("page", "shown"),
+    [
+        ("/", 'data-session="pay"'),
+        ("/sessions/trip", "Pack sunscreen."),
+        ("/sessions/trip/history", 'name="save"'),
+        ("/approvals", "charge_card"),
+        ("/compare?a=trip&b=pay", "first divergence at step 1"),
+    ],
+)
+def test_every_page_renders_over_every_built_in_store(any_store: Any, page: str, shown: str) -> None:
+    asyncio.run(fill(any_store))
+    client = None
+    if isinstance(any_store, RedisStore):
+        client = Client(broker=broker_url("redis://127.0.0.1:1/0"), store=any_store, settings=FleetSettings())
+    answer = TestClient(create_dashboard(any_store, client=client)).get(page)
+    assert answer.status_code == 200 and shown in answer.text
