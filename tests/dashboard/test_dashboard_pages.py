@@ -197,3 +197,17 @@ def test_every_page_renders_over_every_built_in_store(any_store: Any, page: str,
         client = Client(broker=broker_url("redis://127.0.0.1:1/0"), store=any_store, settings=FleetSettings())
     answer = TestClient(create_dashboard(any_store, client=client)).get(page)
     assert answer.status_code == 200 and shown in answer.text
+
+
+def test_sub_agent_sessions_are_linked_both_ways_and_a_changed_fingerprint_shows_as_drift(sqlite_store: Any) -> None:
+    trip = sync(sqlite_store.checkpoints.load("trip"))
+    child = trip.model_copy(update={"session_id": "trip.sub-call_weather", "parent_session_id": "trip", "version": 1})
+    sync(sqlite_store.checkpoints.save("trip.sub-call_weather", child))
+    changed = trip.fingerprint.model_copy(update={"model": "other-model", "digest": "0" * 16})
+    sync(sqlite_store.checkpoints.save("trip", trip.model_copy(update={"fingerprint": changed, "version": trip.version + 1})))
+    browser = TestClient(create_dashboard(sqlite_store))
+    parent = browser.get("/sessions/trip").text
+    call = parent[parent.index('id="call-call_weather"') :]
+    assert 'href="http://testserver/sessions/trip.sub-call_weather">sub-agent session' in call
+    assert '<span class="drift">model &#39;test-model&#39; -&gt; &#39;other-model&#39;</span>' in parent
+    assert 'sub-agent of <a href="http://testserver/sessions/trip">' in browser.get("/sessions/trip.sub-call_weather").text
