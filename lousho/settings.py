@@ -3,6 +3,7 @@
 | variable | what |
 | - | - |
 | `LOUSHO_REDIS_URL` (or `REDIS_URL`) | the Redis of the fleet: the Celery broker, and the store unless `LOUSHO_STORE_URL` says otherwise; unset: the local store (`LOUSHO_HOME`, `lousho.local_redis`) |
+| `LOUSHO_BROKER_URL` | the Celery broker when it is not the fleet's Redis: `amqp://...` for RabbitMQ (docs/topologies.md, issue #18) |
 | `LOUSHO_STORE_URL` | where checkpoints live: `redis://...` (RedisStore), `sqlite:///path.db`, `postgresql://...` (SqlStore), `file:///dir` (FileStore), `dbm:///path.db` (the mapping store), or a scheme of `lousho.stores.registry` |
 | `LOUSHO_PREFIX` | the RedisStore key prefix (default `lousho:`) |
 | `LOUSHO_PAYLOAD_KEYS`, `LOUSHO_PAYLOAD_COMPRESS` | the stores' payload codec (`k2:<base64>,k1:<base64>`, the first key writes; `1` to compress): `PayloadCodec.from_env()`, docs/stores.md |
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["ChildEnv", "LoushoSettings", "default_redis_url", "fleet_env_var", "store_from_url"]
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-_URL_FIELDS = ("redis_url", "store_url")
+_URL_FIELDS = ("redis_url", "store_url", "broker_url")
 
 
 class ChildEnv(dict[str, str]):
@@ -84,6 +85,8 @@ class LoushoSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("LOUSHO_REDIS_URL", "REDIS_URL", "redis_url")
     )
     store_url: str | None = None
+    broker_url: str | None = None
+    """The Celery broker, when it is not the fleet's Redis (RabbitMQ: `amqp://...`, issue #18)."""
     prefix: str = "lousho:"
     app: str | None = None
     fleet: FleetSettings = Field(default_factory=FleetSettings)
@@ -140,6 +143,8 @@ class LoushoSettings(BaseSettings):
         }
         if self.redis_url:
             env["LOUSHO_REDIS_URL"] = self.redis_url
+        if self.broker_url:
+            env["LOUSHO_BROKER_URL"] = self.broker_url
         if self.app:
             env["LOUSHO_APP"] = self.app
         return ChildEnv(env)
@@ -151,9 +156,10 @@ class LoushoSettings(BaseSettings):
         return self.redis_url or default_redis_url()
 
     def broker(self) -> str:
+        """`broker_url` when set (RabbitMQ, issue #18), else the fleet's Redis as kombu spells it."""
         from lousho.fleet.settings import broker_url
 
-        return broker_url(self.require_redis_url())
+        return self.broker_url or broker_url(self.require_redis_url())
 
     def store(self) -> StoreBundle:
         """The store named by `LOUSHO_STORE_URL` (any registered scheme), else the RedisStore on the fleet's Redis."""
