@@ -12,8 +12,9 @@
 5. Recovery: a session whose first tool call runs long; its worker is SIGKILLed mid call (at
    a random point of the heartbeat period); measured from the kill to the session's next
    task starting on another worker (the reaper's `advance`) and to the killed call starting
-   again. Reaper: `reap_once` in a thread, every `reaper_interval_s`, as `lousho reaper` runs.
-   With `FleetSettings()` (lease 6 s, reaper 2 s) and tuned (lease 1 s, reaper 0.5 s).
+   again. Reaper: `run_reaper` in a thread, as `lousho reaper` runs it: a pass every
+   `reaper_interval_s` and a sweep for dead worker processes every `death_check_interval_s`.
+   With `FleetSettings()` (lease 6 s, reaper 2 s, death check 0.25 s) and tuned (lease 1 s, reaper 0.5 s).
 
 Worker processes are started by `lousho.testing.workers.start_worker` and all ended (by pid)
 when the section ends; every key and queue the benchmark made is deleted.
@@ -37,7 +38,7 @@ from celery import Celery
 
 from bench.common import ROOT, delete_prefix, stats
 from lousho.fleet.settings import celery_config
-from lousho.scheduler import Client, reap_once
+from lousho.scheduler import Client, run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings, broker_url
@@ -137,13 +138,12 @@ class Fleet:
         return "\n".join(f"--- {w.name} ---\n{w.log()[-1500:]}" for w in self.workers)
 
     def start_reaper(self) -> None:
-        """`reap_once` every `reaper_interval_s` in a thread of this process, as `lousho reaper` does."""
+        """`lousho reaper`'s loop (`run_reaper`) in a thread of this process: a pass every `reaper_interval_s`,
+        a sweep for dead worker processes every `death_check_interval_s`."""
         self._stop = threading.Event()
 
         def loop() -> None:
-            while not self._stop.is_set():
-                self.requeued += reap_once(self.store, self.app, self.settings)
-                self._stop.wait(self.settings.reaper_interval_s)
+            run_reaper(self.store, self.app, self.settings, stop=self._stop, on_requeued=self.requeued.extend)
 
         self._reaper = threading.Thread(target=loop, name=f"bench-reaper-{self.queue}", daemon=True)
         self._reaper.start()

@@ -88,14 +88,14 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
                 (f"{name}: save time flat, step 500 / step 10 <= 1.5x", f"{store['ratio']:.2f}x", store["ratio"] <= 1.5)
             )
     for row in results["recovery"] if ran(results.get("recovery")) else []:
+        # The killed call runs again once the reaper sees its process gone (issue #20): at most 1 s,
+        # whatever the lease; the lease + reaper bound is what a stopped (not dead) worker waits.
         measured = row["call_again_s"]
-        within = measured["max"] <= row["bound_s"] and (row["lease_ttl_s"] != 6.0 or measured["max"] < 10)
         rows.append(
             (
-                f"recovery, {row['name']}: <= lease + reaper = {row['bound_s']:g} s"
-                + (" (and < 10 s)" if row["lease_ttl_s"] == 6.0 else ""),
+                f"recovery, {row['name']}: a killed call runs again <= 1 s (lease + reaper = {row['bound_s']:g} s)",
                 f"{fmt(measured, 2, ' s')} until the killed call runs again",
-                within,
+                measured["max"] <= 1.0,
             )
         )
     return rows
@@ -266,8 +266,8 @@ def recovery_section(section: Any) -> list[str]:
         return skipped
     lines += [
         "A session's tool call runs long; its worker gets SIGKILL at a random point of the heartbeat period (no "
-        "cleanup, no ack); a second worker runs, and the reaper (`reap_once` every reaper interval, in a thread, "
-        "as `lousho reaper` does). Measured from the kill to the session's next task starting on the other worker "
+        "cleanup, no ack); a second worker runs, and the reaper (`run_reaper` in a thread, as `lousho reaper` runs: "
+        "a pass every reaper interval, a sweep for dead worker processes every `death_check_interval_s`, 0.25 s). Measured from the kill to the session's next task starting on the other worker "
         "(the reaper's `advance`) and to the killed call starting again there. A replacement worker is started "
         "after each repeat, outside the timing.",
         "",
@@ -404,8 +404,8 @@ def summary(results: dict[str, Any], folder: str) -> str:
         default = recovery[0]
         lines.append(
             f"- A session whose worker is SIGKILLed runs again after {_m(default['call_again_s'], 1)} s "
-            f"with the default settings (lease {default['lease_ttl_s']:g} s + reaper "
-            f"{default['reaper_interval_s']:g} s)"
+            f"with the default settings (its process seen gone by the reaper's sweep; lease {default['lease_ttl_s']:g} s,"
+            f" reaper {default['reaper_interval_s']:g} s)"
             + (
                 f", {_m(recovery[1]['call_again_s'], 1)} s tuned (lease 1 s + reaper 0.5 s)"
                 if len(recovery) > 1

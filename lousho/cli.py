@@ -308,7 +308,8 @@ def reaper(
     signal.signal(signal.SIGTERM, _interrupt)
     typer.echo(
         f"lousho reaper: a pass every {client.settings.reaper_interval_s}s on {client.store!r}, "
-        + (f"queue {client.settings.queue}" if client.settings.queue else "each session to its agent's queue"),
+        + (f"queue {client.settings.queue}" if client.settings.queue else "each session to its agent's queue")
+        + f"; dead workers looked for every {client.settings.death_check_interval_s}s",
         err=True,
     )
     try:

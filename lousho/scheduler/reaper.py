@@ -11,7 +11,9 @@ once are harmless: a pass takes a short lock, and a requeue is idempotent.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kombu.exceptions import OperationalError
@@ -20,13 +22,14 @@ from lousho.errors import StoreUnavailableError
 from lousho.fleet.dispatch import send_advance
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.liveness import DeathWatch
 from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.telemetry.hooks import requeueing
 
-__all__ = ["reap_once", "run_reaper"]
+__all__ = ["Requeue", "reap_once", "run_reaper", "sweep_dead_workers"]
 
 log = logging.getLogger("lousho.reaper")
 
@@ -42,28 +45,51 @@ def reap_once(
     if not client.set(keys.reaper_lock, "1", nx=True, px=lock_ms):
         return []
     now_ms = inflight.server_time_ms() if now_ms is None else now_ms
-    requeued = []
-    served: ServedAgents | None = None
-    for session_id, _deadline in inflight.due(due_before_ms=now_ms, limit=limit):
-        if client.exists(keys.lease(session_id)):
-            continue  # a live worker holds it; its heartbeat will push the deadline
-        if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
-            inflight.drop(session_id)
-            continue
-        queue = settings.queue
-        if queue is None:  # to a queue where a live worker serves the session's agent (issue #15)
-            served = served or WorkerRegistry(store).live()
-            queue = served.route(agent_of(store, session_id), None)
-            if queue is None:
-                continue  # no live worker serves its agent: it stays due, and is looked at again next pass
-        inflight.touch(session_id, now_ms + round(settings.requeue_backoff_s * 1000))
-        if not _mark_requeue(client, keys.requeued(session_id), now_ms, settings.requeue_wait_ms):
-            continue  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
-        with requeueing(store, session_id):  # counted, and traced when traces are on (issue #19)
-            send_advance(app, session_id, "reaper", queue)
-        requeued.append(session_id)
+    requeue = Requeue(store, app, settings, inflight, now_ms)
+    requeued = [session_id for session_id, _ in inflight.due(due_before_ms=now_ms, limit=limit) if requeue(session_id)]
     if requeued:
         log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))
+    return requeued
+
+
+class Requeue:
+    """Requeue one session now (an `advance` task), unless a live worker holds it, it is parked or aborted,
+    no live worker serves its agent, or the last requeue still waits on the queue; True when sent."""
+
+    def __init__(self, store: RedisStore, app: Any, settings: FleetSettings, inflight: InflightIndex, now_ms: int):
+        self.store, self.app, self.settings, self.inflight, self.now_ms = store, app, settings, inflight, now_ms
+        self.keys = FleetKeys(store)
+        self.served: ServedAgents | None = None
+
+    def __call__(self, session_id: str) -> bool:
+        client, keys, settings = self.store.client, self.keys, self.settings
+        if client.exists(keys.lease(session_id)):
+            return False  # a live worker holds it; its heartbeat will push the deadline
+        if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
+            self.inflight.drop(session_id)
+            return False
+        queue = settings.queue
+        if queue is None:  # to a queue where a live worker serves the session's agent (issue #15)
+            self.served = self.served or WorkerRegistry(self.store).live()
+            queue = self.served.route(agent_of(self.store, session_id), None)
+            if queue is None:
+                return False  # no live worker serves its agent: it stays due, and is looked at again next pass
+        self.inflight.touch(session_id, self.now_ms + round(settings.requeue_backoff_s * 1000))
+        if not _mark_requeue(client, keys.requeued(session_id), self.now_ms, settings.requeue_wait_ms):
+            return False  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
+        with requeueing(self.store, session_id):  # counted, and traced when traces are on (issue #19)
+            send_advance(self.app, session_id, "reaper", queue)
+        return True
+
+
+def sweep_dead_workers(store: RedisStore, app: Any, settings: FleetSettings, watch: DeathWatch) -> list[str]:
+    """Requeue now the sessions of tool calls whose worker process is gone (issue #20, fleet/liveness.py)."""
+    inflight = InflightIndex.of(store, settings.lease_ttl_ms)
+    requeued = watch.sweep(Requeue(store, app, settings, inflight, inflight.server_time_ms()))
+    if requeued:
+        log.warning(
+            "a worker process is gone: requeued %d session(s) at once: %s", len(requeued), ", ".join(requeued[:20])
+        )
     return requeued
 
 
@@ -77,14 +103,31 @@ def _mark_requeue(client: Any, mark: str, now_ms: int, wait_ms: int) -> bool:
     return True
 
 
-def run_reaper(store: RedisStore, app: Any, settings: FleetSettings, passes: int | None = None) -> None:
-    """`lousho reaper`: a pass every `reaper_interval_s`, forever (or `passes` times)."""
-    done = 0
-    while passes is None or done < passes:
+def run_reaper(
+    store: RedisStore,
+    app: Any,
+    settings: FleetSettings,
+    passes: int | None = None,
+    stop: threading.Event | None = None,
+    on_requeued: Callable[[list[str]], None] | None = None,
+) -> None:
+    """`lousho reaper`: a pass every `reaper_interval_s` until `stop` is set (or `passes` passes); in between, a
+    sweep for dead worker processes every `death_check_interval_s` (0: none; issue #20). `on_requeued` sees
+    the sessions each pass or sweep requeued."""
+    stop = stop or threading.Event()
+    watch, done, next_pass = DeathWatch(FleetKeys(store)), 0, time.monotonic()
+    tick = min(settings.reaper_interval_s, settings.death_check_interval_s or settings.reaper_interval_s)
+    while (passes is None or done < passes) and not stop.is_set():
+        requeued: list[str] = []
         try:
             with redis_errors(store.client, "run a reaper pass"):
-                reap_once(store, app, settings)
+                if settings.death_check_interval_s:
+                    requeued += sweep_dead_workers(store, app, settings, watch)
+                if time.monotonic() >= next_pass:
+                    done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s
+                    requeued += reap_once(store, app, settings)
         except (StoreUnavailableError, OperationalError) as exc:  # Redis or the broker is down: try again next pass
-            log.warning("reaper pass failed, retrying in %ss: %s", settings.reaper_interval_s, exc)
-        done += 1
-        time.sleep(settings.reaper_interval_s)
+            log.warning("reaper pass failed, retrying in %ss: %s", tick, exc)
+        if requeued and on_requeued is not None:
+            on_requeued(requeued)
+        stop.wait(tick)

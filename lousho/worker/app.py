@@ -24,7 +24,7 @@ from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.telemetry.hooks import instrument_fleet
 from lousho.worker.registry import watch_presence
-from lousho.worker.running import watch_shutdown
+from lousho.worker.running import watch_processes, watch_shutdown
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.tasks import register_tasks
 from lousho.worker.transport import AMQP
@@ -67,6 +67,7 @@ def create_app(
     app.lousho_runtime = runtime
     register_tasks(app, runtime)
     watch_shutdown()
+    watch_processes(store.client)  # connections named after the process: a dead one is seen at once (issue #20)
     watch_presence()
     instrument_fleet()  # LOUSHO_METRICS / LOUSHO_TRACES: nothing when unset (issue #19)
     return app

@@ -27,9 +27,10 @@ from celery import signals
 
 from lousho.errors import SDKError
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.liveness import connection_name
 from lousho.stores.redis_common import load_script, redis_errors
 
-__all__ = ["HOST", "RunningCall", "running_calls", "watch_shutdown"]
+__all__ = ["HOST", "RunningCall", "name_connections", "running_calls", "watch_processes", "watch_shutdown"]
 
 log = logging.getLogger("lousho.worker")
 
@@ -91,3 +92,22 @@ def watch_shutdown() -> None:
     """Connect to Celery's shutdown signals (in the main process, and in each pool child)."""
     signals.worker_shutting_down.connect(_on_shutdown, weak=False, dispatch_uid="lousho-shutdown")
     signals.worker_process_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="lousho-process-shutdown")
+
+
+def name_connections(client: redis.Redis) -> None:
+    """Name every Redis connection this process opens from now on `lousho|<host>|<pid>`, and close the ones
+    it has: the reaper learns from the names that a process is gone (issue #20, fleet/liveness.py). Run in
+    each process that runs tasks: a prefork child after the fork, the main process of a solo or threads pool."""
+    pool = client.connection_pool
+    pool.connection_kwargs["client_name"] = connection_name(HOST, os.getpid())
+    pool.disconnect()
+
+
+def watch_processes(client: redis.Redis) -> None:
+    """Connect `name_connections` to Celery's start of a pool child and of the worker itself."""
+
+    def name(**_: Any) -> None:
+        name_connections(client)
+
+    signals.worker_process_init.connect(name, weak=False, dispatch_uid=f"lousho-names-{id(client)}")
+    signals.worker_init.connect(name, weak=False, dispatch_uid=f"lousho-names-main-{id(client)}")

@@ -1,0 +1,107 @@
+"""Fast death detection (issue #20): a worker process that is gone is learned from Redis itself.
+
+Each worker process names its Redis connections `lousho|<host>|<pid>` (`CLIENT SETNAME`, set by redis-py
+on every connection it opens). A SIGKILLed process, one the OOM killer took, or one on a machine whose
+connections were reset leaves no connection behind: the Redis server closes them at once. The reaper
+(`DeathWatch.sweep`, every `FleetSettings.death_check_interval_s`) lists the named connections and, for
+each tool call in the fleet's running index whose process was seen connected before and is not now,
+frees that call's lease (only if that process still holds it) and requeues its session at once, instead
+of after the lease's TTL plus a reaper pass.
+
+A process that is alive keeps its connections, even when it is stopped (SIGSTOP), stalled in a long
+garbage collection or blocked in a tool: it is never taken over this way; its lease and the epoch
+fencing treat it as before (a TTL, then a takeover, and a zombie's save refused). A process is judged
+only after it was seen connected, and what was seen is forgotten when the Redis server restarts (its
+`run_id` changes), so a restart or a worker from before this release is never taken for a death: for
+those, the lease TTL stays the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis
+
+from lousho.fleet.keys import FleetKeys
+from lousho.stores.redis_common import load_script, redis_errors, text
+
+__all__ = ["DeadCall", "DeathWatch", "connection_name", "live_processes"]
+
+NAME_PREFIX = "lousho|"
+
+
+def connection_name(host: str, pid: int) -> str:
+    """The name a worker process gives its Redis connections (no spaces: CLIENT SETNAME refuses them)."""
+    return f"{NAME_PREFIX}{host.replace(' ', '_')}|{pid}"
+
+
+def live_processes(client: redis.Redis) -> tuple[str, set[str]]:
+    """The Redis server's run id, and `<host>|<pid>` of every worker process with a connection open now."""
+    with redis_errors(client, "list the worker processes connected to Redis"):
+        run_id = str(cast(dict[str, Any], client.info("server"))["run_id"])
+        connections = cast(list[dict[str, Any]], client.client_list(_type="normal"))
+    names = (str(c.get("name") or "") for c in connections)
+    return run_id, {name.removeprefix(NAME_PREFIX) for name in names if name.startswith(NAME_PREFIX)}
+
+
+@dataclass(frozen=True)
+class DeadCall:
+    """A tool call whose process is gone: its entry in the running index, '<host>|<pid>|<session>|<field>'."""
+
+    entry: str
+
+    @property
+    def process(self) -> str:
+        return "|".join(self.entry.split("|", 2)[:2])
+
+    @property
+    def pid(self) -> str:
+        return self.entry.split("|", 2)[1]
+
+    @property
+    def session_id(self) -> str:
+        return self.entry.split("|", 3)[2]
+
+    @property
+    def call_id(self) -> str:
+        return self.entry.split("|", 3)[3].split(":", 1)[1]
+
+
+@dataclass
+class DeathWatch:
+    """What the reaper remembers between sweeps: the processes seen connected, under which server run."""
+
+    keys: FleetKeys
+    run_id: str | None = None
+    seen: set[str] = field(default_factory=set)
+    handled: set[str] = field(default_factory=set)
+    """Entries already freed: a dead run's entry stays in the index a while (lua/call_begin.lua)."""
+
+    def dead_calls(self) -> list[DeadCall]:
+        """The running calls whose process was seen connected and has no connection now."""
+        client = self.keys.store.client
+        run_id, live = live_processes(client)
+        if run_id != self.run_id:  # a restarted server: every connection is new, nothing seen counts
+            self.run_id, self.seen, self.handled = run_id, set(), set()
+        with redis_errors(client, "read the fleet's running index"):
+            entries = [text(e) for e in cast(list[bytes], client.zrange(self.keys.running, 0, -1))]
+        calls = [DeadCall(e) for e in entries if e.count("|") >= 3]
+        gone = self.seen - live
+        self.seen = live | {c.process for c in calls if c.process in gone}  # the dead, while they have entries
+        self.handled &= {c.entry for c in calls}
+        return [c for c in calls if c.process in gone and c.entry not in self.handled]
+
+    def sweep(self, requeue: Callable[[str], bool]) -> list[str]:
+        """Free each dead call's lease and `requeue` its session now; the sessions requeued."""
+        client = self.keys.store.client
+        requeued: list[str] = []
+        for call in self.dead_calls():
+            with redis_errors(client, f"free the lease of call {call.call_id!r} of {call.session_id!r}"):
+                free = load_script(client, "lousho.fleet:free_dead_lease")
+                free(keys=[self.keys.call_lease(call.session_id, call.call_id)], args=[f"{call.pid}-"])
+            self.handled.add(call.entry)
+            if call.session_id not in requeued and requeue(call.session_id):
+                requeued.append(call.session_id)
+        return requeued

@@ -1,0 +1,114 @@
+"""Fast death detection (issue #20, lousho/fleet/liveness.py): a worker process that is gone is learned from
+Redis itself (its named connections are gone), and its tool call runs again at once, well before its lease
+could expire; a worker that is alive but stopped keeps its connections and is never raced: under its lease
+it is left alone, past its lease it is taken over as before and its late result is refused."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from lousho import Message
+from lousho.fleet.liveness import live_processes
+from lousho.scheduler import run_reaper
+from lousho.worker import FleetSettings
+from tests.engine.helpers import assert_finished_with_every_result
+from tests.fleet.conftest import Fleet, tool_turn
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+
+
+@pytest.fixture
+def reaper(fleet: Fleet) -> Iterator[FleetSettings]:
+    """`lousho reaper`'s loop (`run_reaper`) in a thread: a dead-worker sweep every 0.25 s, a pass every 0.5 s."""
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.5, requeue_backoff_s=3.0)
+    stop = threading.Event()
+    thread = threading.Thread(target=run_reaper, args=(fleet.store, fleet.client.app, settings), kwargs={"stop": stop})
+    thread.start()
+    yield settings
+    stop.set()
+    thread.join(timeout=10)
+
+
+def run_log(fleet: Fleet, call_id: str) -> list[tuple[int, float]]:
+    """(pid, time) of each start of the call, as its tool recorded them (LOUSHO_TEST_TRACK)."""
+    entries = [e.decode().split("@") for e in fleet.redis.lrange(fleet.key(f"runlog:{call_id}"), 0, -1)]
+    return [(int(pid), float(at)) for pid, at in entries]
+
+
+def start(fleet: Fleet, session: str, call_id: str, sleep_s: float) -> None:
+    fleet.script(session, [tool_turn((call_id, "work", {"n": 3, "sleep_s": sleep_s})), Message.assistant("done")])
+    fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+
+
+def test_each_worker_process_names_its_redis_connections(fleet: Fleet) -> None:
+    worker = fleet.start_worker(LOUSHO_TEST_TRACK="1")
+
+    _, live = live_processes(fleet.redis)
+
+    assert any(name.endswith(f"|{worker.pid}") for name in live), live
+
+
+def test_a_killed_workers_call_runs_again_well_before_its_lease_expires(fleet: Fleet, reaper: FleetSettings) -> None:
+    lease_ttl_s = 30.0  # the TTL path could requeue it only after 30 s
+    env = {"LOUSHO_TEST_TRACK": "1", "LOUSHO_TEST_LEASE_TTL_S": str(lease_ttl_s)}
+    workers = [fleet.start_worker(**env), fleet.start_worker(**env)]
+    start(fleet, "s-kill", "c-kill", sleep_s=5.0)
+    victim = fleet.worker_with_pid(fleet.pid_running("c-kill"))
+    spare = next(w for w in workers if w is not victim)
+    time.sleep(0.5)  # the reaper has seen it connected
+
+    victim.kill(signal.SIGKILL)
+    killed_at = time.time()
+    fleet.wait_for(["s-kill"], timeout_s=60)
+
+    starts = run_log(fleet, "c-kill")
+    assert [pid for pid, _ in starts] == [victim.pid, spare.pid]
+    assert starts[1][1] - killed_at < lease_ttl_s / 3, starts  # it did not wait for the lease
+    assert_finished_with_every_result(fleet.client.checkpoint("s-kill"), "s-kill")
+    assert fleet.violations() == []
+
+
+def test_a_worker_stopped_for_less_than_its_lease_is_not_taken_over(fleet: Fleet, reaper: FleetSettings) -> None:
+    env = {"LOUSHO_TEST_TRACK": "1", "LOUSHO_TEST_LEASE_TTL_S": "8"}
+    fleet.start_worker(**env)
+    fleet.start_worker(**env)
+    start(fleet, "s-stop", "c-stop", sleep_s=1.0)
+    stopped = fleet.worker_with_pid(fleet.pid_running("c-stop"))
+
+    stopped.kill(signal.SIGSTOP)  # alive, connections open, silent: a long GC, a blocked tool
+    time.sleep(3.0)  # 12 sweeps, 6 reaper passes; less than the 8 s lease
+    stopped.kill(signal.SIGCONT)
+    fleet.wait_for(["s-stop"], timeout_s=60)
+
+    assert [pid for pid, _ in run_log(fleet, "c-stop")] == [stopped.pid]  # ran once, on the worker that woke
+    assert_finished_with_every_result(fleet.client.checkpoint("s-stop"), "s-stop")
+
+
+def test_a_worker_stopped_past_its_lease_is_taken_over_and_its_late_result_refused(
+    fleet: Fleet, reaper: FleetSettings
+) -> None:
+    env = {"LOUSHO_TEST_TRACK": "1", "LOUSHO_TEST_LEASE_TTL_S": "1.5"}
+    workers = [fleet.start_worker(**env), fleet.start_worker(**env)]
+    start(fleet, "s-zombie", "c-zombie", sleep_s=1.0)
+    zombie = fleet.worker_with_pid(fleet.pid_running("c-zombie"))
+    spare = next(w for w in workers if w is not zombie)
+
+    zombie.kill(signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while len(run_log(fleet, "c-zombie")) < 2:  # the lease expired: the spare takes the call over
+        assert time.monotonic() < deadline, run_log(fleet, "c-zombie")
+        time.sleep(0.1)
+    fleet.wait_for(["s-zombie"], timeout_s=60)
+    zombie.kill(signal.SIGCONT)  # it wakes with its stale state and finishes its run of the call
+    time.sleep(2.0)
+
+    assert [pid for pid, _ in run_log(fleet, "c-zombie")] == [zombie.pid, spare.pid]
+    checkpoint = fleet.client.checkpoint("s-zombie")
+    assert_finished_with_every_result(checkpoint, "s-zombie")  # one result: the zombie's was refused
+    assert checkpoint is not None and sum(m.role == "tool" for m in checkpoint.messages) == 1
+    assert fleet.violations() == []
