@@ -211,6 +211,10 @@ class Client:
         if shown is not None:  # the call it would run is the one shown, or nothing is decided (issue #17)
             check_calls_unchanged(shown, self.store.checkpoints.load)
         snapshot: ApprovalSnapshot = decide(self.store.approvals, decision)
+        if snapshot.kind == "interrupted" and snapshot.session_id is not None:
+            # A pause an abort left (issue #17): the human's decision continues the run, as in process.
+            with redis_errors(self.store.client, f"clear the abort flag of {snapshot.session_id!r}"):
+                self.store.client.delete(self.keys.abort(snapshot.session_id))
         if snapshot.session_id is not None:
             # Back in the in-flight index first: if the message below is lost (or its worker dies),
             # the reaper requeues the session; a paused session is otherwise out of the index for good.

@@ -52,7 +52,8 @@ async def fold_decided_approval(
 ) -> Checkpoint:
     """Record the approved (or rejected) call's committed result: the session is 'in-progress' again."""
     snapshot = steps.approval(checkpoint)
-    if snapshot is None or snapshot.tool_call.id not in results:
+    # Pending: a result committed under it is not the human's (an 'ask' call's own late one; issue #17).
+    if snapshot is None or snapshot.status == "pending" or snapshot.tool_call.id not in results:
         return checkpoint
     resumed = checkpoint.model_copy(update={"status": "in-progress", "approval_id": None})
     resumed = await run.save(record_tool_result(resumed, snapshot.tool_call, results[snapshot.tool_call.id]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lousho.checkpoint import Checkpoint
-from lousho.engine import PlannedCall
+from lousho.engine import CANCELLED_RESULT, PlannedCall
 from lousho.fleet.dispatch import tool_turn
 from lousho.fleet.keys import result_field
 from lousho.interruptions import interruption_of
@@ -25,7 +25,7 @@ from lousho.worker.scripts import CallBegun
 if TYPE_CHECKING:
     from lousho.worker.steps import SessionSteps
 
-__all__ = ["INTERRUPTED", "interrupted_plan", "is_marked_interrupted", "mark_interrupted"]
+__all__ = ["INTERRUPTED", "commit_abort_results", "interrupted_plan", "is_marked_interrupted", "mark_interrupted"]
 
 INTERRUPTED = "interrupted:"
 """The prefix of an 'ask' call's mark in the session's attempts hash: '<prefix><turn>:<call id>'."""
@@ -71,3 +71,32 @@ def is_marked_interrupted(steps: SessionSteps, run: Run, checkpoint: Checkpoint,
     field = f"{INTERRUPTED}{result_field(tool_turn(checkpoint), call.id)}"
     with redis_errors(steps.client, f"read the interrupted mark of call {call.id!r} of {steps.session_id!r}"):
         return bool(steps.client.hexists(steps.keys.attempts(steps.session_id), field))
+
+
+def commit_abort_results(steps: SessionSteps, run: Run, checkpoint: Checkpoint) -> ToolCall | None:
+    """An abort's results, in call order: 'cancelled', or for a call that began (a start of it is counted)
+    of a 'fail' tool the interrupted error; the results stop at such a call of an 'ask' tool, which is
+    returned for the abort to pause on (as in process: `Run.abort`)."""
+    pending = checkpoint.pending_tool_calls()
+    started = _started(steps, run, checkpoint, pending)
+    for call in pending:
+        policy = interruption_of(run.agent, call, started)
+        if policy == "ask":
+            return call
+        steps.commit_result(
+            checkpoint, call.id, interrupted_result(call.name) if policy == "fail" else CANCELLED_RESULT
+        )
+    return None
+
+
+def _started(steps: SessionSteps, run: Run, checkpoint: Checkpoint, calls: list[ToolCall]) -> set[str]:
+    """The calls, of tools that are not 'rerun', with a start counted (alone or shared with others')."""
+    watched = [c for c in calls if interruption_of(run.agent, c, {c.id}) is not None]
+    if not watched:
+        return set()
+    fields = [result_field(tool_turn(checkpoint), c.id) for c in watched]
+    names = [name for field in fields for name in (f"call:{field}", f"shared:{field}")]
+    with redis_errors(steps.client, f"read the starts of the calls of {steps.session_id!r}"):
+        counts = steps.client.hmget(steps.keys.attempts(steps.session_id), names)
+    began = [int(counts[2 * i] or 0) + int(counts[2 * i + 1] or 0) > 0 for i in range(len(watched))]
+    return {call.id for call, yes in zip(watched, began, strict=True) if yes}

@@ -26,7 +26,6 @@ from lousho.abort import AbortSignal, RunAborted
 from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint
 from lousho.engine import (
-    CANCELLED_RESULT,
     AwaitApproval,
     Finish,
     ModelTurn,
@@ -49,7 +48,7 @@ from lousho.stores.redis_common import redis_errors
 from lousho.worker.approving import apply_decided_approval, fold_decided_approval
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
-from lousho.worker.interrupted import is_marked_interrupted
+from lousho.worker.interrupted import commit_abort_results, is_marked_interrupted
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
@@ -383,10 +382,11 @@ class SessionSteps:
         and idle (out of the in-flight index) until new input or `Client.resume`."""
         checkpoint = await self.fold(run, checkpoint)
         abort_children(self, run, checkpoint)
-        for call in checkpoint.pending_tool_calls():
-            self.commit_result(checkpoint, call.id, CANCELLED_RESULT)
+        ask = commit_abort_results(self, run, checkpoint)  # a call that may have run is not 'cancelled' (issue #17)
         checkpoint = await self.fold(run, checkpoint)
-        if checkpoint.status == "in-progress":
+        if ask is not None and checkpoint.status == "in-progress" and checkpoint.pending_tool_calls()[:1] == [ask]:
+            checkpoint = await run.pause(checkpoint, ask, kind="interrupted")
+        elif checkpoint.status == "in-progress":
             await run.save(checkpoint)
         self.runtime.inflight.drop(self.session_id)
         if not checkpoint.pending_tool_calls():

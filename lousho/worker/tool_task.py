@@ -23,7 +23,7 @@ from lousho.fleet.dispatch import send_advance, tool_turn
 from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
 from lousho.run import Run
-from lousho.tools import tool_error
+from lousho.tools import interrupted_result, tool_error
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import interrupted_plan, mark_interrupted
 from lousho.worker.leases import Lease
@@ -32,6 +32,9 @@ from lousho.worker.scripts import CallBegun, CallState
 from lousho.worker.steps import SessionSteps
 
 __all__ = ["run_tool_call"]
+
+NOT_STARTED, CUT_SHORT = object(), object()
+"""An 'ask' tool's call stopped by an abort before it began, or while it ran: no result is committed."""
 
 
 async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
@@ -76,6 +79,13 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
             raise
         steps.park(f"tool call {call.id} raised PropagatingToolError: {exc}")
         return "parked"
+    if result is NOT_STARTED or result is CUT_SHORT:  # an 'ask' call stopped by an abort: no result (issue #17)
+        if result is NOT_STARTED:
+            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+        else:  # it may have run: its counted start stays, for the abort's step to pause on it
+            call_lease.release()
+            steps.scripts.leave_running(running.entry)
+        return "aborted"
     result_json = json.dumps(result, default=str)
     if checkpoint.status == "in-progress" and [c.id for c in pending] == [call.id] and not steps.aborted():
         folded = await steps.fold_last_result(checkpoint, call, running, result_json, call_lease)
@@ -115,13 +125,20 @@ async def _plan(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: Too
 
 
 async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> Any:
-    """Run the tool; if the session is aborted meanwhile, its signal fires and the call is cancelled."""
+    """Run the tool; if the session is aborted meanwhile, its signal fires and the call is cancelled.
+    A call cut short of a tool that is not 'rerun' may have run (issue #17): a 'fail' tool's gets the
+    interrupted error, an 'ask' tool's no result (`CUT_SHORT`; `NOT_STARTED` if it never began)."""
+    tool = run.agent.tools.get(plan.call.name)
+    policy = "rerun" if plan.preset or tool is None else tool.on_interrupted
     if steps.aborted():
-        return CANCELLED_RESULT
+        return NOT_STARTED if policy == "ask" else CANCELLED_RESULT
     try:
-        return await abortable(run_planned_call(plan, run.agent, run.tool_context(plan.call)), steps.signal)
+        result = await abortable(run_planned_call(plan, run.agent, run.tool_context(plan.call)), steps.signal)
     except RunAborted:
-        return CANCELLED_RESULT
+        result = CANCELLED_RESULT
+    if result is CANCELLED_RESULT and policy != "rerun":
+        return CUT_SHORT if policy == "ask" else interrupted_result(plan.call.name)
+    return result
 
 
 async def fold_when_free(steps: SessionSteps, commit: tuple[RunningCall, str, Lease] | None = None) -> str:

@@ -6,6 +6,7 @@ until a human decides: run again, record a result they typed, or record a failur
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -133,3 +134,36 @@ def test_ask_pauses_runs_nothing_more_and_each_human_choice_gives_its_transcript
         assert runs[f"{session}-send"] == total_runs, session
         assert runs[f"{session}-note"] == 1, session
     assert fleet.violations() == []
+
+
+def test_an_abort_mid_call_gives_fail_its_error_and_pauses_ask_as_in_process(fleet: Fleet) -> None:
+    for session, tool in (("abort-ask", "mail_ask"), ("abort-fail", "mail_fail")):
+        fleet.script(session, [
+            tool_turn((f"{session}-send", tool, {"n": 3, "sleep_s": 60}), (f"{session}-note", "work", {"n": 2})),
+            Message.assistant(f"{session} done"),
+        ])
+    start(fleet, ["abort-ask", "abort-fail"])
+    for session in ("abort-ask", "abort-fail"):
+        fleet.pid_running(f"{session}-send")
+        assert fleet.client.abort(session)
+
+    fleet.wait_for(["abort-ask"], status="awaiting-approval", timeout_s=60)
+    [approval] = fleet.client.approvals("abort-ask")
+    assert approval.kind == "interrupted" and approval.tool_call.id == "abort-ask-send"
+    assert "abort-ask-send" not in results(fleet, "abort-ask")
+    wait_until(lambda: "abort-fail-send" in results(fleet, "abort-fail"))
+    assert results(fleet, "abort-fail")["abort-fail-send"] == interrupted_result("mail_fail")
+    assert fleet.client.status("abort-fail").status == "in-progress"  # idle, as after any abort
+
+    fleet.client.resolve_approval(approval.id, approved=True, action="record", result="sent, says the log")
+    fleet.wait_for(["abort-ask"], timeout_s=60)
+    assert_finished_with_every_result(fleet.client.checkpoint("abort-ask"), "abort-ask")
+    assert results(fleet, "abort-ask")["abort-ask-send"] == "sent, says the log"
+    assert fleet.counts("runs")["abort-ask-send"] == 1
+
+
+def wait_until(condition: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
