@@ -9,7 +9,7 @@ result (`worker/approving.py`). See lousho/interruptions.py for the in-process s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from lousho.checkpoint import Checkpoint
 from lousho.engine import CANCELLED_RESULT, PlannedCall
@@ -97,6 +97,6 @@ def _started(steps: SessionSteps, run: Run, checkpoint: Checkpoint, calls: list[
     fields = [result_field(tool_turn(checkpoint), c.id) for c in watched]
     names = [name for field in fields for name in (f"call:{field}", f"shared:{field}")]
     with redis_errors(steps.client, f"read the starts of the calls of {steps.session_id!r}"):
-        counts = steps.client.hmget(steps.keys.attempts(steps.session_id), names)
+        counts = cast(list[bytes | None], steps.client.hmget(steps.keys.attempts(steps.session_id), names))
     began = [int(counts[2 * i] or 0) + int(counts[2 * i + 1] or 0) > 0 for i in range(len(watched))]
     return {call.id for call, yes in zip(watched, began, strict=True) if yes}
