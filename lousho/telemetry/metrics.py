@@ -28,13 +28,14 @@ from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.stores.redis_records import status_of
 from lousho.telemetry.counters import FleetCounters
+from lousho.telemetry.extras import missing_extra
 
 try:
     from prometheus_client import REGISTRY, CollectorRegistry, Histogram, make_asgi_app
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.multiprocess import MultiProcessCollector
 except ImportError as exc:  # an optional extra: say how to get it where it is first needed
-    raise ConfigurationError(f"lousho's metrics need prometheus_client: pip install 'lousho[metrics]' ({exc})") from exc
+    raise missing_extra("metrics", "metrics", exc) from exc
 
 __all__ = ["STATUSES", "StoreCollector", "metrics_app", "metrics_registry", "observe_step"]
 
@@ -68,6 +69,10 @@ class StoreCollector:
         self.store = store
         self.sessions_every_s = sessions_every_s
         self._sessions: tuple[float, dict[str, int]] | None = None
+
+    def describe(self) -> list[Metric]:
+        """Nothing: registering the collector must not read the store (nor start the sessions' cache)."""
+        return []
 
     def collect(self) -> Iterator[Metric]:
         by_status = GaugeMetricFamily(
@@ -168,7 +173,7 @@ def metrics_registry(store: Any = None, *, multiprocess_dir: str | None = None) 
     """A registry with the store's metrics (`StoreCollector`, when `store` is given: any store bundle,
     the fleet's gauges and counters on a `RedisStore`) and the workers' (`lousho_step_seconds`) read from
     `multiprocess_dir` (default `PROMETHEUS_MULTIPROC_DIR`); with no folder, this process's own metrics."""
-    registry = CollectorRegistry(auto_describe=True)
+    registry = CollectorRegistry()
     folder = multiprocess_dir or os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if folder:
         if not os.path.isdir(folder):

@@ -32,6 +32,7 @@ from lousho.errors import ConfigurationError
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
+from lousho.telemetry.extras import missing_extra
 
 try:
     from opentelemetry import context as otel_context
@@ -39,8 +40,8 @@ try:
     from opentelemetry.context import Context
     from opentelemetry.trace import SpanKind, Status, StatusCode
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError as exc:
-    raise ConfigurationError(f"lousho's traces need OpenTelemetry: pip install 'lousho[otel]' ({exc})") from exc
+except ImportError as exc:  # an optional extra: say how to get it where it is first needed
+    raise missing_extra("otel", "traces", exc) from exc
 
 __all__ = [
     "Hop",

@@ -51,6 +51,7 @@ FLEET = ROOT / "docs" / "fleet.md"
 FLEET_DOCS_CLI = "tests/ops/test_readme_commands.py::test_the_fleet_docs_cli_block_works_as_printed"
 EVAL = "tests/ops/test_cli_eval.py::test_eval_drift_prints_each_pairs_drift_in_the_references_shape"
 DBM = "tests/stores/test_stores_doc.py::test_the_mapping_store_block_runs_and_the_cli_reads_its_dbm_file"
+METRICS_PREFORK = "tests/telemetry/test_metrics_fleet.py::test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port"
 RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI script (path) that runs it
     "bash scripts/check": ".ci/run",  # the suite itself, this test included
     "lousho demo": "tests/ops/test_demo.py::test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session",
@@ -72,6 +73,10 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     ),
     ".venv/bin/python -m chaos": "scripts/check",  # the test command runs the chaos suite this way
     ".venv/bin/python -m pytest tests/chaos -k kills": "tests/chaos/test_worker_kills.py::test_random_worker_kills_keep_every_guarantee",
+    # docs/observability.md (issue #19): the tests run them with the test's folder, port and collector
+    "PROMETHEUS_MULTIPROC_DIR=/var/lib/lousho-metrics LOUSHO_METRICS=1 celery -A myapp.lousho_app worker": METRICS_PREFORK,
+    "lousho metrics --port 9808": "tests/telemetry/test_metrics_fleet.py::test_a_scrape_after_a_fleet_run_counts_its_turns_calls_and_the_requeue_of_a_killed_call",
+    "LOUSHO_TRACES=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 celery -A myapp.lousho_app worker": "tests/telemetry/test_traces_fleet.py::test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigkill",
 }
 NOT_RUN = {  # shown, and run by no test: each is a gap (issue #15), named here so that none goes unnoticed
     "docker compose -f deploy/docker-compose.yml up --build --scale worker=4": "needs a container engine, which "

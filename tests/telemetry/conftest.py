@@ -39,7 +39,8 @@ class ReceivedSpan:
 class OtlpReceiver:
     """A local OTLP/HTTP collector: `POST /v1/traces`, protobuf or JSON, as the exporters send it."""
 
-    endpoint: str = ""
+    base_url: str = ""
+    """What `OTEL_EXPORTER_OTLP_ENDPOINT` names: the exporter posts to its `/v1/traces`."""
     spans: list[ReceivedSpan] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -103,7 +104,7 @@ def _handler(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
 def otlp_receiver() -> Iterator[OtlpReceiver]:
     receiver = OtlpReceiver()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
-    receiver.endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/traces"
+    receiver.base_url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True, name="otlp-receiver")
     thread.start()
     try:

@@ -15,7 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lousho import Message
-from tests.fleet.conftest import Fleet, tool_turn
+from lousho.testing.workers import start_worker
+from tests.docs.walkthrough import free_port
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import start_recording_reaper
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -107,3 +109,36 @@ def test_a_scrape_after_a_fleet_run_counts_its_turns_calls_and_the_requeue_of_a_
     assert value(scraped, "lousho_sessions_parked") == 0
     assert value(scraped, "lousho_lease_takeovers_total") == 0
     assert value(scraped, "lousho_poison_results_total") == 0
+
+
+def test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port(
+    fleet: Fleet, tmp_path: Path, redis_url: str
+) -> None:
+    folder = tmp_path / "metrics"
+    folder.mkdir()
+    port = free_port()
+    for session in ("p1", "p2"):
+        fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 1, "sleep_s": 0.3}),
+                                         (f"{session}-b", "work", {"n": 2, "sleep_s": 0.3})),
+                               Message.assistant(f"{session} done")])  # fmt: skip
+    env = {**fleet.env, "LOUSHO_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(folder), "LOUSHO_METRICS_PORT": str(port)}
+    # `celery worker` with its default pool, prefork: the tasks run in two child processes.
+    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env=env, cwd=ROOT,
+                          pool="prefork", concurrency=2, log_dir=str(tmp_path))  # fmt: skip
+    try:
+        for session in ("p1", "p2"):
+            fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+        fleet.wait_for(["p1", "p2"])
+        scraped = scrape(f"http://127.0.0.1:{port}/metrics")
+        children = {int(p) for p in fleet.redis.hvals(fleet.key("ran-on"))}
+    finally:
+        worker.stop()  # warm shutdown: the children end with it
+
+    assert worker.pid not in children  # the tools ran in the children; the main process serves their sum
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn") == 4
+    assert value(scraped, "lousho_step_seconds_count", kind="model_turn", outcome="finished") == 2
+    tool_steps = value(scraped, "lousho_step_seconds_count", kind="tool_call")
+    not_run = sum(value(scraped, "lousho_step_seconds_count", kind="tool_call", outcome=o) for o in NOT_RUN)
+    assert tool_steps - not_run == sum(fleet.counts("runs").values()) == 4
+    assert value(scraped, "lousho_sessions", status="finished") == 2
+    assert value(scraped, "lousho_reaper_requeues_total") == 0

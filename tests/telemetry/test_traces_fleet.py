@@ -28,7 +28,7 @@ NOT_RUN = ("recorded", "running-elsewhere", "unknown-session", "waiting-for-appr
 def traced_reaper(otlp_receiver: OtlpReceiver) -> Iterator[None]:
     """This process (where the test's reaper runs) traces to the receiver, as `lousho reaper` with LOUSHO_TRACES."""
     provider = TracerProvider(resource=Resource.create({"service.name": "test-reaper"}))
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=otlp_receiver.endpoint)))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{otlp_receiver.base_url}/v1/traces")))
     hooks.enable(traces=provider)
     try:
         yield
@@ -54,8 +54,8 @@ def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigk
     fleet.script("t1", [tool_turn(("t1-a", "work", {"n": 1, "sleep_s": 1.5})),
                         tool_turn(("t1-b", "work", {"n": 2})), Message.assistant("t1 done")])  # fmt: skip
     fleet.script("t2", [tool_turn(("t2-a", "work", {"n": 1})), Message.assistant("t2 done")])
-    env = {"LOUSHO_TRACES": "otlp", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp_receiver.endpoint,
-           "OTEL_BSP_SCHEDULE_DELAY": "50"}  # fmt: skip
+    # As docs/observability.md shows it: LOUSHO_TRACES=otlp OTEL_EXPORTER_OTLP_ENDPOINT=<collector> celery ... worker
+    env = {"LOUSHO_TRACES": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.base_url, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     for _ in range(2):
         fleet.start_worker(**env)
     requeued: list[str] = []
