@@ -181,9 +181,10 @@ def decided_update(
     """The fields `ApprovalStore.decide` changes on a pending snapshot. An `action` on an approval that
     is not an interrupted call's raises `InvalidDecisionError` before anything is written (issue #17)."""
     parse_decision({"id": snapshot.id, "approved": approved, "note": note, "action": action, "result": result})
-    if action is not None and snapshot.kind != "interrupted":
+    kind = snapshot.waiting.kind  # a sub-agent's interrupted call is nested in its parent's snapshot
+    if action is not None and kind != "interrupted":
         raise InvalidDecisionError(
-            f"approval {snapshot.id!r} is a {snapshot.kind!r}, not an interrupted call: decide it with "
+            f"approval {snapshot.id!r} is a {kind!r}, not an interrupted call: decide it with "
             "approved and note only ('action' and 'result' are for interrupted-call approvals)"
         )
     update = {"status": "approved" if approved else "rejected", "note": note, "decided_at": utc_now()}

@@ -268,6 +268,9 @@ class Run(RunContext):
         if child.finish_reason == "awaiting-approval" and child.approval_id:
             return await self.pause(checkpoint, call, child_approval_id=child.approval_id)
         if child.finish_reason == "aborted":
+            if child.checkpoint.status == "awaiting-approval" and child.approval_id:
+                # The abort cut short a sub-agent's 'ask' call: this run waits on its approval too (issue #17).
+                self.latest = await self.pause(checkpoint, call, child_approval_id=child.approval_id)
             raise RunAborted(self.signal.reason)
         return await self.run_calls(checkpoint, [PlannedCall(call, result=child.text, preset=True)])
 

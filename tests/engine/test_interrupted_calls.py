@@ -221,3 +221,40 @@ async def test_lousho_approvals_lists_an_interrupted_call_and_lousho_approve_rec
     assert result is not None and result.finish_reason == "stop"
     assert_finished_with_every_result(result.checkpoint, "s-ask")
     assert results(result.checkpoint)["ask-send"] == "sent by hand" and runs(tmp_path, "ask-send") == 1
+
+
+async def test_an_aborted_ask_call_of_a_sub_agent_pauses_its_parent_and_the_answer_reaches_the_sub_agent() -> None:
+    from lousho import agent_tool
+
+    started = asyncio.Event()
+
+    async def send(args: Email, ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.sleep(60)
+        return "sent"
+
+    mailer = Agent(name="mailer", model="m", tools=[
+        define_tool(name="send", description="", input=Email, execute=send, on_interrupted="ask")])
+    provider = ScriptedProvider([tool_calls(("h1", "helper", {"input": "mail ann"})),
+                                 tool_calls(("m1", "send", {"to": "ann"})), "mailed", "all done"])
+    boss = create_agent(provider=provider, store=memory_store(),
+                        agent=Agent(name="boss", model="m", tools=[agent_tool(mailer, name="helper")]))
+    signal = AbortSignal()
+
+    async def press_stop() -> None:
+        await started.wait()
+        signal.abort("stop")
+
+    stopper = asyncio.ensure_future(press_stop())
+    stopped = await boss.send("go", session_id="boss", signal=signal)
+    await stopper
+    assert stopped.checkpoint.status == "awaiting-approval" and results(stopped.checkpoint) == {}
+    [approval] = await boss.approvals.pending("boss")
+    assert approval.waiting.kind == "interrupted" and approval.waiting.tool_call.id == "m1"
+
+    done = await boss.approvals.resolve(approval.id, approved=True, action="record", result="sent by hand")
+    assert done.finish_reason == "stop" and done.text == "all done"
+    assert_finished_with_every_result(done.checkpoint, "boss")
+    assert results(done.checkpoint) == {"h1": "mailed"}
+    child = await boss.session("boss.sub-h1").checkpoint()
+    assert child is not None and results(child) == {"m1": "sent by hand"}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from lousho.approvals import ApprovalSnapshot
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, InvalidDecisionError
 from lousho.stores.listing import Listing
 from lousho.testing.store_contract.base import StoreContractBase
 from lousho.testing.store_contract.samples import WRITERS, race, sample_snapshot
@@ -104,3 +104,20 @@ class ApprovalStoreContract(StoreContractBase):
         assert [s.id for s in self.call(approvals.pending())] == ["appr_re"]
         assert self.call(approvals.decide("appr_re", False, None)).status == "rejected"
         self.call(approvals.reopen("appr_unknown"))  # nothing to reopen is not an error
+
+    def test_an_interrupted_calls_answer_is_recorded_and_reopen_clears_it(self, approvals: Any) -> None:
+        """`decide(..., action=, result=)` keeps the human's answer to an interrupted call (issue #17)."""
+        self.call(approvals.save(sample_snapshot("appr_int").model_copy(update={"kind": "interrupted"})))
+        decided = self.call(approvals.decide("appr_int", True, "from the log", action="record", result={"sent": 1}))
+        assert (decided.status, decided.action, decided.result) == ("approved", "record", {"sent": 1})
+        assert self.call(approvals.load("appr_int")) == decided
+        self.call(approvals.reopen("appr_int"))
+        reopened = self.call(approvals.load("appr_int"))
+        assert (reopened.status, reopened.action, reopened.result) == ("pending", None, None)
+
+    def test_an_action_on_an_ordinary_approval_is_refused_and_writes_nothing(self, approvals: Any) -> None:
+        plain = sample_snapshot("appr_plain")
+        self.call(approvals.save(plain))
+        with pytest.raises(InvalidDecisionError):
+            self.call(approvals.decide("appr_plain", True, None, action="rerun"))
+        assert self.call(approvals.load("appr_plain")) == plain
