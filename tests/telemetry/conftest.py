@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from lousho.scheduler import reap_once
+from lousho.scheduler.reaper import run_reaper
 from lousho.worker import FleetSettings
 from tests.fleet.conftest import Fleet, fleet  # noqa: F401  (the fixture, for the tests here)
 
@@ -116,15 +116,15 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 
 
 def start_recording_reaper(fleet: Fleet, requeued: list[str], interval_s: float = 0.3) -> None:  # noqa: F811
-    """The real reaper (`reap_once`) in a thread of this process, as `Fleet.start_reaper` runs it, noting each
-    session it requeued: the witness the metrics and spans are checked against."""
+    """The real reaper (`run_reaper`, as `lousho reaper` runs it: passes and dead-worker sweeps) in a thread of
+    this process, noting each session it requeued: the witness the metrics and spans are checked against."""
     settings = FleetSettings(queue=fleet.queue, reaper_interval_s=interval_s, requeue_backoff_s=3.0)
-
-    def loop() -> None:
-        while not fleet._stop.is_set():
-            requeued.extend(reap_once(fleet.store, fleet.client.app, settings))
-            fleet._stop.wait(interval_s)
-
-    thread = threading.Thread(target=loop, daemon=True, name="recording-reaper")
+    thread = threading.Thread(
+        target=run_reaper,
+        args=(fleet.store, fleet.client.app, settings),
+        kwargs={"stop": fleet._stop, "on_requeued": requeued.extend},
+        daemon=True,
+        name="recording-reaper",
+    )
     thread.start()
     fleet._threads.append(thread)
