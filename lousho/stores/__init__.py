@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lousho.stores.codec import PayloadCodec
 from lousho.stores.mapping import MappingStore, dbm_store, mapping_store
 from lousho.stores.memory import MemoryApprovalStore, MemoryCheckpointStore, MemoryStore, memory_store
 from lousho.stores.registry import open_store, register_store
@@ -25,6 +26,7 @@ __all__ = [
     "MemoryApprovalStore",
     "MemoryCheckpointStore",
     "MemoryStore",
+    "PayloadCodec",
     "RedisStore",
     "SqlStore",
     "SqliteStore",

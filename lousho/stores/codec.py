@@ -26,6 +26,7 @@ import base64
 import binascii
 import json
 import os
+import threading
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -41,8 +42,9 @@ TEXT_MARK = "$lz:"
 SEALED = "$sealed"
 _COMPRESSED = 1
 _ENCRYPTED = 2
+_ZSTD = 4
 _NONCE_BYTES = 12
-_MIN_COMPRESS_BYTES = 48  # below this zlib's own header outweighs what it saves
+_MIN_COMPRESS_BYTES = 256  # below this, deflate saves a few bytes for more time than the save's round trip
 PLAIN_FIELDS = frozenset(
     {
         "schema_version",
@@ -65,14 +67,19 @@ PLAIN_FIELDS = frozenset(
 class PayloadCodec:
     """Compression (zlib) and AES-GCM encryption of stored payloads; one instance per store.
 
-    - `compress`: zlib each payload (kept plain when that would not make it smaller).
+    - `compress`: compress each payload of 256 bytes or more (kept plain when that would not make it
+      smaller): True or `"zlib"` (the standard library's deflate), `"zstd"` (Zstandard: faster, `pip install 'lousho[zstd]'`; docs/bench/codec.md). A store reads both either way
+      (a zstd payload needs `zstandard` installed).
     - `keys`: key id -> AES key (16, 24 or 32 bytes). The first entry encrypts new writes; every entry
       decrypts. Rotating: add the new key first, keep the old ones while data written under them is
       stored (docs/stores.md). Needs `cryptography` (`pip install 'lousho[encryption]'`).
     """
 
-    def __init__(self, *, compress: bool = False, keys: Mapping[str, bytes] | None = None) -> None:
+    def __init__(self, *, compress: bool | str = False, keys: Mapping[str, bytes] | None = None) -> None:
+        if compress not in (False, True, "zlib", "zstd"):
+            raise ConfigurationError(f"compress must be True, False, 'zlib' or 'zstd', not {compress!r}")
         self.compress = compress
+        self._zstd = _Zstd() if compress == "zstd" else None
         self.keys = dict(keys or {})
         self._ciphers = {key_id: _cipher(key_id, key) for key_id, key in self.keys.items()}
         self._write_key = next(iter(self.keys), None)
@@ -84,13 +91,14 @@ class PayloadCodec:
         `LoushoSettings` and store URLs turn it on (issue #17)."""
         env = os.environ if environ is None else environ
         keys = parse_keys(env.get("LOUSHO_PAYLOAD_KEYS", ""))
-        compress = env.get("LOUSHO_PAYLOAD_COMPRESS", "").strip().lower() in ("1", "true", "yes", "on")
+        said = env.get("LOUSHO_PAYLOAD_COMPRESS", "").strip().lower()
+        compress: bool | str = said if said in ("zlib", "zstd") else said in ("1", "true", "yes", "on")
         return cls(compress=compress, keys=keys) if keys or compress else PLAIN
 
     @property
     def active(self) -> bool:
         """Whether writes are encoded (a codec that is off still reads encoded values it can open)."""
-        return self.compress or self._write_key is not None
+        return bool(self.compress) or self._write_key is not None
 
     @property
     def encrypts(self) -> bool:
@@ -107,9 +115,9 @@ class PayloadCodec:
             return plain
         flags, body = 0, plain
         if self.compress and len(plain) >= _MIN_COMPRESS_BYTES:
-            packed = zlib.compress(plain, 6)
+            packed = self._zstd.compress(plain) if self._zstd else _deflate(plain)
             if len(packed) < len(plain):
-                flags, body = _COMPRESSED, packed
+                flags, body = (_ZSTD if self._zstd else _COMPRESSED), packed
         key_id = (self._write_key or "").encode()
         if self._write_key is not None:
             flags |= _ENCRYPTED
@@ -137,9 +145,11 @@ class PayloadCodec:
             body = self._decrypt(header[len(MAGIC) + 3 :].decode(errors="replace"), header, body)
         if flags & _COMPRESSED:
             try:
-                body = zlib.decompress(body)
+                body = zlib.decompress(body, -15)
             except zlib.error as exc:
                 raise PayloadDecodeError(f"a stored payload does not decompress ({exc}); it is damaged") from exc
+        elif flags & _ZSTD:
+            body = (self._zstd or _Zstd()).decompress(body)
         return body
 
     def _decrypt(self, key_id: str, header: bytes, body: bytes) -> bytes:
@@ -215,6 +225,48 @@ class PayloadCodec:
 PLAIN = PayloadCodec()
 """The codec of a store given none: writes plain JSON, reads plain and compressed-only values, and names
 the key an encrypted value needs."""
+
+
+def _deflate(plain: bytes) -> bytes:
+    """Raw deflate (zlib's format without its header and checksum: AES-GCM's tag or the JSON parse catches
+    damage) at level 1 (on a message of a few KB, level 6 saves ~3% more bytes for ~40% more time), with a
+    window no larger than the payload: zlib allocates and clears its window and hash tables per call,
+    which costs more than compressing a small message (issue #17: the save overhead in
+    docs/bench/codec.md). Any window up to 2**15 decompresses with wbits -15."""
+    wbits = min(15, max(9, (len(plain) - 1).bit_length()))
+    packer = zlib.compressobj(1, zlib.DEFLATED, -wbits, min(8, max(1, wbits - 7)))
+    return packer.compress(plain) + packer.flush()
+
+
+class _Zstd:
+    """Zstandard at level 1, a compressor and a decompressor per thread (zstandard's are not thread-safe)."""
+
+    def __init__(self) -> None:
+        try:
+            import zstandard
+        except ImportError as exc:
+            raise ConfigurationError(
+                "zstd payloads need the zstandard package: pip install 'lousho[zstd]' (or compress='zlib')"
+            ) from exc
+        self._module = zstandard
+        self._local = threading.local()
+
+    def compress(self, plain: bytes) -> bytes:
+        packer = getattr(self._local, "packer", None)
+        if packer is None:
+            packer = self._local.packer = self._module.ZstdCompressor(level=1)
+        packed: bytes = packer.compress(plain)
+        return packed
+
+    def decompress(self, packed: bytes) -> bytes:
+        unpacker = getattr(self._local, "unpacker", None)
+        if unpacker is None:
+            unpacker = self._local.unpacker = self._module.ZstdDecompressor()
+        try:
+            plain: bytes = unpacker.decompress(packed)
+        except self._module.ZstdError as exc:
+            raise PayloadDecodeError(f"a stored payload does not decompress ({exc}); it is damaged") from exc
+        return plain
 
 
 def _cipher(key_id: str, key: bytes) -> Any:

@@ -186,10 +186,11 @@ class RedisCheckpointStore:
         body = self.codec.seal_head(checkpoint)
         writer_id = uuid.uuid4().hex
         known = self._cache.get(session_id)
-        if self.codec.active and (known is None or known.version != checkpoint.version - 1):
+        if self.codec.active and checkpoint.version > 1 and (known is None or known.version != checkpoint.version - 1):
             # Issue #17: encoded messages never equal byte for byte, so the script cannot find the stored
             # prefix of a whole transcript; a read first fills the cache (the save then sends only new
-            # messages) and raises `PayloadKeyError` on a wrong key before anything is written.
+            # messages) and raises `PayloadKeyError` on a wrong key before anything is written. A first save
+            # (version 1) has nothing stored to build on: a stored head makes the script refuse it.
             self.load(session_id)
             known = self._cache.get(session_id)
         request = _SaveRequest(session_id, checkpoint, body, writer_id, fence, and_then)

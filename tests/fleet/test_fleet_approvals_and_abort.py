@@ -13,10 +13,12 @@ from tests.fleet.conftest import ROOT, Fleet, tool_turn
 RESOLVE = """
 import sys
 from lousho.scheduler import Client
+from lousho.stores.codec import PayloadCodec
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
 url, prefix, queue, approval_id, broker = sys.argv[1:6]
-client = Client(broker=broker or broker_url(url), store=RedisStore(url, prefix=prefix), settings=FleetSettings(queue=queue))
+store = RedisStore(url, prefix=prefix, codec=PayloadCodec.from_env())  # the fleet's codec, when it runs with one
+client = Client(broker=broker or broker_url(url), store=store, settings=FleetSettings(queue=queue))
 client.resolve_approval(approval_id, approved=True, note="approved from another process")
 """
 

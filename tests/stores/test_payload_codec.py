@@ -130,6 +130,17 @@ def test_an_encoded_payload_reads_back_and_a_plain_one_reads_as_it_is() -> None:
     assert codec.decode_text(codec.encode_text(plain.decode())) == plain.decode()
 
 
+@pytest.mark.parametrize("compress", ["zlib", "zstd"])
+def test_each_compression_reads_back_in_a_store_of_the_other(compress: str) -> None:
+    plain = b'{"rows": [' + b'{"id": 1, "name": "table by the window"}, ' * 40 + b"{}]}"
+    encoded = PayloadCodec(compress=compress, keys={"k1": KEY_1}).encode(plain)
+    assert len(encoded) < len(plain) / 2
+    other = "zstd" if compress == "zlib" else "zlib"
+    assert PayloadCodec(compress=other, keys={"k1": KEY_1}).decode(encoded) == plain
+    with pytest.raises(ConfigurationError, match="'zlib' or 'zstd'"):
+        PayloadCodec(compress="lz4")
+
+
 def test_a_compressed_only_payload_reads_in_a_store_without_a_codec() -> None:
     encoded = PayloadCodec(compress=True).encode_text('{"a": "' + "x" * 200 + '"}')
     assert encoded.startswith(TEXT_MARK)
