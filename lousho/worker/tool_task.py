@@ -23,6 +23,7 @@ from lousho.fleet.dispatch import send_advance, tool_turn
 from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
 from lousho.run import Run
+from lousho.telemetry.counters import FleetCounters
 from lousho.tools import interrupted_result, tool_error
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import interrupted_plan, mark_interrupted
@@ -102,6 +103,7 @@ async def _run_started(
     running, call_lease = leased
     max_attempts = steps.runtime.settings.max_attempts
     if begun.starts > max_attempts or begun.starts + begun.shared > 3 * max_attempts:
+        FleetCounters.of(steps.runtime.store).add("poison_results")  # lousho_poison_results_total (issue #19)
         return tool_error(
             "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
         )

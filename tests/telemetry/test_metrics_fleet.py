@@ -3,6 +3,7 @@ prometheus_client's multiprocess mode, the real reaper, `lousho metrics` serving
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -12,9 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lousho import Message
+from lousho.telemetry.metrics import metrics_registry
 from lousho.testing.workers import start_worker
 from tests.docs.walkthrough import free_port
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
@@ -142,3 +145,23 @@ def test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port(
     assert tool_steps - not_run == sum(fleet.counts("runs").values()) == 4
     assert value(scraped, "lousho_sessions", status="finished") == 2
     assert value(scraped, "lousho_reaper_requeues_total") == 0
+
+
+def test_a_call_that_killed_its_worker_max_attempts_times_is_counted_as_a_poison_result(fleet: Fleet) -> None:
+    fleet.script("x1", [tool_turn(("x1-a", "work", {"n": 1})), Message.assistant("x1 done")])
+    fleet.kill_on("tool:x1-a")
+    for _ in range(2):
+        fleet.start_worker(LOUSHO_TEST_MAX_ATTEMPTS="1")  # one death makes a call poison
+    requeued: list[str] = []
+    start_recording_reaper(fleet, requeued)
+    fleet.client.enqueue("jobs", "job x1", session_id="x1")
+    fleet.wait_for(["x1"])
+
+    checkpoint = fleet.client.checkpoint("x1")
+    assert checkpoint is not None
+    results = [json.loads(str(m.content)) for m in checkpoint.messages if m.role == "tool"]
+    assert [r.get("error") for r in results] == ["poison"]  # not run again: the poison result
+    assert fleet.counts("runs") == {"x1-a": 1}
+    scraped = samples(generate_latest(metrics_registry(fleet.store, multiprocess_dir=None)).decode())
+    assert value(scraped, "lousho_poison_results_total") == 1
+    assert value(scraped, "lousho_reaper_requeues_total") == len(requeued) >= 1
