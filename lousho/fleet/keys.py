@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from lousho.stores.redis import RedisStore
-from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_common import redis_errors, text
 
 __all__ = ["FleetKeys", "new_epoch", "result_field"]
 
@@ -66,13 +66,36 @@ class FleetKeys:
     @property
     def running(self) -> str:
         """Sorted set of the tool calls running on the fleet (`RunningCall.entry`), scored by their
-        last beat: how a restarted call finds the runs that died with its own (lua/call_begin.lua)."""
+        last beat: how a restarted call finds the runs that died with its own (lua/call_begin.lua).
+        The one key of a single Redis; on a Cluster, `running_of` a session and `shards` (issue #18)."""
         return self.store.keys.running
+
+    def running_of(self, session_id: str) -> str:
+        """The running index key (shard, on a Cluster) that lists `session_id`'s calls (issue #18)."""
+        return self.store.keys.running_of(session_id)
 
     @property
     def parked(self) -> str:
-        """Set of sessions whose model turn killed its worker `max_attempts` times."""
+        """Hash of sessions whose model turn killed its worker `max_attempts` times -> why. The one key of
+        a single Redis; on a Cluster, `parked_of` a session and `shards` (issue #18)."""
         return self.store.keys.parked
+
+    def parked_of(self, session_id: str) -> str:
+        """The parked hash key (shard, on a Cluster) that would hold `session_id` (issue #18)."""
+        return self.store.keys.parked_of(session_id)
+
+    def parked_sessions(self) -> list[str]:
+        """The parked sessions' ids, over every shard of the parked hash."""
+        client = self.store.client
+        with redis_errors(client, "list the parked sessions"):
+            pipe = client.pipeline(transaction=False)
+            for shard in self.shards("parked"):
+                pipe.hkeys(shard)
+            return [text(name) for names in pipe.execute() for name in names]
+
+    def shards(self, index: str) -> list[str]:
+        """Every key of a fleet index ('running', 'parked', 'inflight'): one, or one per slot (issue #18)."""
+        return self.store.keys.shards(index)
 
     @property
     def reaper_lock(self) -> str:
@@ -90,5 +113,5 @@ class FleetKeys:
             pipe.set(self.epoch(session_id), new_epoch() if epoch is None else epoch)
             pipe.delete(self.lease(session_id), self.results(session_id), self.dispatched(session_id))
             pipe.delete(self.attempts(session_id), self.abort(session_id))
-            pipe.hdel(self.parked, session_id)
+            pipe.hdel(self.parked_of(session_id), session_id)
             pipe.execute()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -158,7 +158,7 @@ class Client:
         client = self.store.client
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id))
-            client.hdel(self.keys.parked, session_id)
+            client.hdel(self.keys.parked_of(session_id), session_id)
         if queue is None:  # ahead of the workers, with no queue named: the reaper sends it (issue #15)
             return
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
@@ -171,7 +171,7 @@ class Client:
         if checkpoint is None:
             return SessionStatus(session_id=session_id, status="unknown")
         with redis_errors(self.store.client, f"read the marks of {session_id!r}"):
-            parked = self.store.client.hget(self.keys.parked, session_id)
+            parked = self.store.client.hget(self.keys.parked_of(session_id), session_id)
             aborted = bool(self.store.client.exists(self.keys.abort(session_id)))
         text = next((m.content for m in reversed(checkpoint.messages) if m.role == "assistant"), None)
         return SessionStatus(
@@ -256,7 +256,7 @@ class Client:
         client = self.store.client
         with redis_errors(client, f"clear the abort, parked and poison marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
-            client.hdel(self.keys.parked, session_id)
+            client.hdel(self.keys.parked_of(session_id), session_id)
         self.inflight.touch(session_id)
         self._send_advance(session_id, "resume")
 
@@ -264,9 +264,7 @@ class Client:
         """Session ids, optionally of one status ('in-progress', 'awaiting-approval', 'finished', 'parked');
         `.skipped` names the unreadable ones (issue #21)."""
         if status == "parked":
-            with redis_errors(self.store.client, "list the parked sessions"):
-                names = cast(list[bytes | str], self.store.client.hkeys(self.keys.parked))
-            return Listing(sorted(k.decode() if isinstance(k, bytes) else k for k in names))
+            return Listing(sorted(self.keys.parked_sessions()))
         return self.store.checkpoints.sessions(status)
 
 

@@ -65,7 +65,7 @@ class Requeue:
         client, keys, settings = self.store.client, self.keys, self.settings
         if client.exists(keys.lease(session_id)):
             return False  # a live worker holds it; its heartbeat will push the deadline
-        if client.hexists(keys.parked, session_id) or client.exists(keys.abort(session_id)):
+        if client.hexists(keys.parked_of(session_id), session_id) or client.exists(keys.abort(session_id)):
             self.inflight.drop(session_id)
             return False
         queue = settings.queue
@@ -121,7 +121,8 @@ def run_reaper(
         requeued: list[str] = []
         try:
             with redis_errors(store.client, "run a reaper pass"):
-                if settings.death_check_interval_s:
+                if settings.death_check_interval_s and not store.keys.per_slot:
+                    # on a Redis Cluster each node lists its own connections: the lease TTL is the rule (issue #18)
                     requeued += sweep_dead_workers(store, app, settings, watch)
                 if time.monotonic() >= next_pass:
                     done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s

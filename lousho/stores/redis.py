@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import os
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -30,6 +30,7 @@ from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
 from lousho.stores.redis_prune import prune_sessions
+from lousho.stores.redis_slots import CLUSTER_SCHEME, RedisCluster, connect_cluster, is_cluster
 
 __all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore", "open_url"]
 
@@ -55,7 +56,7 @@ class RedisStore(SessionsOfCheckpoints):
 
     def __init__(
         self,
-        url_or_client: str | redis.Redis,
+        url_or_client: str | redis.Redis | RedisCluster,
         *,
         prefix: str = "lousho:",
         history_limit: int = 50,
@@ -69,17 +70,20 @@ class RedisStore(SessionsOfCheckpoints):
             raise ConfigurationError(f"history_limit must be 0 or more, not {history_limit}")
         if ttl_s is not None and ttl_s <= 0:
             raise ConfigurationError(f"ttl_s must be positive (or None for no expiry), not {ttl_s}")
-        if isinstance(url_or_client, str):
+        if isinstance(url_or_client, str) and url_or_client.startswith(CLUSTER_SCHEME):
+            self.client = connect_cluster(url_or_client, **client_options)  # issue #18
+        elif isinstance(url_or_client, str):
             self.client = connect(url_or_client, **client_options)
-        elif isinstance(url_or_client, redis.Redis):
+        elif isinstance(url_or_client, (redis.Redis, RedisCluster)):
             if client_options:
                 raise ConfigurationError("client options apply to a URL; configure the client you pass instead")
-            self.client = url_or_client
+            self.client = cast(redis.Redis, url_or_client)  # a RedisCluster serves the same commands here
         else:
             raise ConfigurationError(
                 f"RedisStore takes a Redis URL or a redis.Redis client, not {type(url_or_client).__name__}"
             )
-        self.keys = RedisKeys(prefix)
+        # On a Redis Cluster the fleet's indexes are sharded by slot (lousho.stores.redis_slots, issue #18)
+        self.keys = RedisKeys(prefix, per_slot=is_cluster(self.client))
         self.prefix = prefix
         self.history_limit = history_limit
         self.ttl_s = ttl_s
@@ -143,5 +147,5 @@ class RedisStore(SessionsOfCheckpoints):
 
 
 def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> RedisStore:
-    """`redis://`, `rediss://` or `unix://` (the store registry's opener)."""
+    """`redis://`, `rediss://`, `unix://` or `redis+cluster://` (the store registry's opener)."""
     return RedisStore(url, prefix=prefix, codec=codec)

@@ -97,21 +97,32 @@ class RedisApprovalStore:
         """Approvals waiting for a decision, oldest first (optionally of one session); those that cannot
         be read are named in `skipped` (issue #21: one damaged snapshot must not hide the others)."""
         with redis_errors(self.client, "list pending approvals"):
-            ids = [text(i) for i in cast(list[bytes | str], self.client.zrange(self.keys.pending_approvals, 0, -1))]
+            ids = self._pending_ids()
             raws: list[tuple[str, bytes | str | None]] = []
-            for start in range(0, len(ids), _MGET_CHUNK):
+            for start in range(0, len(ids), _MGET_CHUNK):  # GETs, not MGET: on a Cluster they span slots
                 chunk = ids[start : start + _MGET_CHUNK]
-                values = cast(list[bytes | str | None], self.client.mget([self.keys.approval(i) for i in chunk]))
+                pipe = self.client.pipeline(transaction=False)
+                for approval_id in chunk:
+                    pipe.get(self.keys.approval(approval_id))
+                values = cast(list[bytes | str | None], pipe.execute())
                 raws.extend(zip(chunk, values, strict=True))
         found = [(i, raw) for i, raw in raws if raw is not None]
         return waiting(read_each(found, self._decode, what="approval"), session_id)
+
+    def _pending_ids(self) -> list[str]:
+        """Pending approval ids over every shard of the index (one key on one Redis; issue #18), oldest first."""
+        pipe = self.client.pipeline(transaction=False)
+        for shard in self.keys.shards("approvals:pending"):
+            pipe.zrange(shard, 0, -1, withscores=True)
+        rows = [row for found in pipe.execute() for row in cast(list[tuple[bytes | str, float]], found)]
+        return [text(member) for member, _ in sorted(rows, key=lambda row: (row[1], text(row[0])))]
 
     def put_raw(self, approval_id: str, raw: str | bytes) -> None:
         """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""
         with redis_errors(self.client, f"write a raw approval {approval_id!r}"):
             pipe = self.client.pipeline(transaction=True)
             pipe.set(self.keys.approval(approval_id), raw)
-            pipe.zadd(self.keys.pending_approvals, {approval_id: 0})
+            pipe.zadd(self.keys.pending_approvals_of(approval_id), {approval_id: 0})
             pipe.execute()
 
     def _update(
@@ -139,9 +150,9 @@ class RedisApprovalStore:
         key = self.keys.approval(snapshot.id)
         pipe.set(key, self.codec.encode_json(snapshot.model_dump_json()), px=self.ttl_ms or None)
         if snapshot.status == "pending":
-            pipe.zadd(self.keys.pending_approvals, {snapshot.id: _created_ms(snapshot)})
+            pipe.zadd(self.keys.pending_approvals_of(snapshot.id), {snapshot.id: _created_ms(snapshot)})
         else:
-            pipe.zrem(self.keys.pending_approvals, snapshot.id)
+            pipe.zrem(self.keys.pending_approvals_of(snapshot.id), snapshot.id)
 
 
 def _created_ms(snapshot: ApprovalSnapshot) -> int:

@@ -28,8 +28,9 @@ sessions a worker should be moving: a save of an 'in-progress' checkpoint adds o
 (deadline = now + `inflight_deadline_ms`, given at construction); a save of a 'finished' or
 'awaiting-approval' one removes it (nothing runs until a human decides), as does `delete`. That
 upkeep is here because it is atomic with the save; reading and moving the index is the fleet's
-(`lousho.fleet.inflight.InflightIndex`, issue #14). Because that key is global, a save touches two
-slots: this store targets a standalone Redis (or one primary), not Redis Cluster.
+(`lousho.fleet.inflight.InflightIndex`, issue #14). On a Redis Cluster the index is sharded by slot and a
+session's entry lives in the shard of the session's own slot (`RedisKeys.inflight_of`), so a save still
+touches one slot (issue #18).
 
 Messages of a transcript that a save rewrote (rare: a patched fork into the same session) stay in
 `msgs` until the session is deleted; older history entries may still refer to them.
@@ -223,7 +224,11 @@ class RedisCheckpointStore:
             len(new),
             *(self.codec.encode_json(message.model_dump_json()) for message in new),
         ]
-        keys = [*self.keys.session_keys(request.session_id), self.keys.inflight, *([fence[0]] if fence else [])]
+        keys = [
+            *self.keys.session_keys(request.session_id),
+            self.keys.inflight_of(request.session_id),
+            *([fence[0]] if fence else []),
+        ]
         if and_then is None:
             reply, after = self._save(keys=keys, args=args), None
         else:
@@ -316,9 +321,9 @@ class RedisCheckpointStore:
             pipe.delete(head) if keep_history else pipe.delete(head, messages, history)
             pipe.delete(*self.keys.run_keys(session_id), *call_leases)
             if runs:
-                pipe.zrem(self.keys.running, *runs)
-            pipe.zrem(self.keys.inflight, session_id)
-            pipe.hdel(self.keys.parked, session_id)
+                pipe.zrem(self.keys.running_of(session_id), *runs)
+            pipe.zrem(self.keys.inflight_of(session_id), session_id)
+            pipe.hdel(self.keys.parked_of(session_id), session_id)
             pipe.execute()
         self._cache.drop(session_id)
 
@@ -326,7 +331,7 @@ class RedisCheckpointStore:
         """The session's entries in the fleet's running index, each with its call's id (a run holds the
         call's lease while it is listed: lousho/worker/running.py)."""
         runs: dict[str, str] = {}
-        for raw in cast(list[bytes | str], self.client.zrange(self.keys.running, 0, -1)):
+        for raw in cast(list[bytes | str], self.client.zrange(self.keys.running_of(session_id), 0, -1)):
             entry = text(raw)
             parts = entry.split("|", 3)  # '<host>|<pid>|<session>|<turn>:<call id>'
             if len(parts) == 4 and parts[2] == session_id:
@@ -345,7 +350,10 @@ class RedisCheckpointStore:
                     found[session] = name
             if status is None:
                 return Listing(sorted(found))
-            heads: list[Any] = cast(list[Any], self.client.mget(list(found.values()))) if found else []
+            pipe = self.client.pipeline(transaction=False)  # GETs, not MGET: on a Cluster heads span slots (#18)
+            for head in found.values():
+                pipe.get(head)
+            heads: list[Any] = pipe.execute() if found else []
 
         def matching(session_id: str, raw: bytes | str) -> str | None:
             stored = status_of(raw)

@@ -19,6 +19,7 @@ from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
+from lousho.stores.redis_slots import key_slot, shard_tags, slot_tag
 
 __all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
 
@@ -30,9 +31,15 @@ class RedisKeys:
     A session's keys carry the session id as a hash tag (`{session}`) so that in
     Redis Cluster they all hash to one slot, which is what lets one Lua script
     touch them together.
+
+    `per_slot` (a store on a Redis Cluster, issue #18): the fleet's indexes (in-flight, running,
+    parked, pending approvals) are sharded by slot, each session's entry in the shard of its own
+    slot, so a script that writes a session's keys and its index entry touches one slot
+    (`lousho.stores.redis_slots`). On one Redis each index is one key (`inflight`, ...).
     """
 
     prefix: str = "lousho:"
+    per_slot: bool = False
 
     def __post_init__(self) -> None:
         if "{" in self.prefix or "}" in self.prefix:
@@ -65,6 +72,35 @@ class RedisKeys:
         calls' leases (`lease:<call id>`) are found from the running index (`delete`, issue #16)."""
         parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued")
         return [self.session_key(session_id, part) for part in parts]
+
+    def _shard(self, of_key: str, index: str) -> str:
+        """The index key that holds the entry of `of_key` (a session's or an approval's key)."""
+        if not self.per_slot:
+            return f"{self.prefix}{index}"
+        return f"{self.prefix}{{{slot_tag(key_slot(of_key))}}}:{index}"
+
+    def shards(self, index: str) -> list[str]:
+        """Every key of an index ('inflight', 'running', 'parked', 'approvals:pending'): one on one Redis,
+        one per slot in the cluster layout (most of them absent)."""
+        if not self.per_slot:
+            return [f"{self.prefix}{index}"]
+        return [f"{self.prefix}{{{tag}}}:{index}" for tag in shard_tags()]
+
+    def inflight_of(self, session_id: str) -> str:
+        """The in-flight index key holding `session_id`'s deadline (issue #18)."""
+        return self._shard(self.head(session_id), "inflight")
+
+    def running_of(self, session_id: str) -> str:
+        """The running index key holding `session_id`'s tool calls (issue #18)."""
+        return self._shard(self.head(session_id), "running")
+
+    def parked_of(self, session_id: str) -> str:
+        """The parked hash key that would hold `session_id` (issue #18)."""
+        return self._shard(self.head(session_id), "parked")
+
+    def pending_approvals_of(self, approval_id: str) -> str:
+        """The pending-approvals index key holding `approval_id` (issue #18)."""
+        return self._shard(self.approval(approval_id), "approvals:pending")
 
     @property
     def inflight(self) -> str:

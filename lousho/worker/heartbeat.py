@@ -29,7 +29,7 @@ def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSig
         if entry is not None:  # a tool call's run: still alive (worker/running.py)
             with redis_errors(runtime.store.client, "update the fleet's running index"):
                 now_ms = runtime.inflight.server_time_ms()
-                runtime.store.client.zadd(runtime.keys.running, {entry: now_ms}, xx=True)
+                runtime.store.client.zadd(runtime.keys.running_of(session_id), {entry: now_ms}, xx=True)
         with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
             aborted = runtime.store.client.exists(runtime.keys.abort(session_id))
         if aborted:

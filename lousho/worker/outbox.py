@@ -138,6 +138,8 @@ class Outbox:
         self._pid = os.getpid()
         conf = self.app.conf
         if not self.settings.outbox or conf.task_protocol != 2 or conf.task_compression:
+            return False
+        if self.store.keys.per_slot:  # a Redis Cluster store: the broker is never that server (issue #18)
             return False  # off, or messages this encoder does not make (protocol 1, compressed bodies)
         try:
             connection = self.app.connection_for_write()

@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from celery import signals
@@ -29,6 +29,7 @@ from lousho.errors import SDKError
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.liveness import connection_name
 from lousho.stores.redis_common import load_script, redis_errors
+from lousho.stores.redis_slots import is_cluster
 
 __all__ = ["HOST", "RunningCall", "name_connections", "running_calls", "watch_processes", "watch_shutdown"]
 
@@ -98,9 +99,16 @@ def name_connections(client: redis.Redis) -> None:
     """Name every Redis connection this process opens from now on `lousho|<host>|<pid>`, and close the ones
     it has: the reaper learns from the names that a process is gone (issue #20, fleet/liveness.py). Run in
     each process that runs tasks: a prefork child after the fork, the main process of a solo or threads pool."""
-    pool = client.connection_pool
-    pool.connection_kwargs["client_name"] = connection_name(HOST, os.getpid())
-    pool.disconnect()
+    name = connection_name(HOST, os.getpid())
+    if is_cluster(client):  # every node's pool, and the nodes found later (a failover's new primary; issue #18)
+        cluster = cast(Any, client)
+        cluster.nodes_manager.connection_kwargs["client_name"] = name
+        pools = [node.redis_connection.connection_pool for node in cluster.get_nodes() if node.redis_connection]
+    else:
+        pools = [client.connection_pool]
+    for pool in pools:
+        pool.connection_kwargs["client_name"] = name
+        pool.disconnect()
 
 
 def watch_processes(client: redis.Redis) -> None:

@@ -144,7 +144,7 @@ class FleetScripts:
             self.keys.abort(session_id),
             *self.store.checkpoints.reader.read_keys(session_id),
             self.keys.epoch(session_id),
-            self.keys.running,
+            self.keys.running_of(session_id),
         ]
         args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", entry]
         started = time.monotonic()
@@ -177,7 +177,13 @@ class FleetScripts:
         `run`: the call's epoch and its entry in the running index. Raises `SessionSupersededError`
         when the session is another incarnation than that epoch now."""
         keys, args, known = self._begin_parts(session_id, lease, "")
-        commit_keys = [keys[4], call_lease.key, *keys[:4], *keys[5:], self.keys.running]  # call_commit.lua's order
+        commit_keys = [
+            keys[4],
+            call_lease.key,
+            *keys[:4],
+            *keys[5:],
+            self.keys.running_of(session_id),
+        ]  # call_commit.lua's order
         commit_args = [field, self._seal(result_json), call_lease.token, run[0], *args, run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
@@ -220,12 +226,12 @@ class FleetScripts:
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
-            ending.queue_key,
+            self._queue_key(session_id, ending),
             call_lease.key,
-            self.keys.parked,
+            self.keys.parked_of(session_id),
             self.keys.abort(session_id),
             self.keys.epoch(session_id),
-            self.keys.running,
+            self.keys.running_of(session_id),
         ]
         args: list[str | int | bytes] = [
             *(field, self._seal(result_json), call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch, entry)
@@ -235,7 +241,8 @@ class FleetScripts:
     def leave_running(self, entry: str) -> None:
         """The run's entry leaves the running index (a task that ends without committing)."""
         with redis_errors(self.client, "update the fleet's running index"):
-            self.client.zrem(self.keys.running, entry)
+            session_id = entry.split("|", 3)[2]  # '<host>|<pid>|<session>|<field>': its shard (issue #18)
+            self.client.zrem(self.keys.running_of(session_id), entry)
 
     def commit_result(self, session_id: str, epoch: str, field: str, result_json: str) -> bool:
         """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""
@@ -253,13 +260,19 @@ class FleetScripts:
     def park(self, session_id: str, epoch: str | None, reason: str) -> bool:
         """Mark the session parked and take it out of the in-flight index, if it is still `epoch`
         (None: the step could not read the session, a damaged checkpoint: what it found is now)."""
-        keys = [self.keys.epoch(session_id), self.keys.parked, self.store.keys.inflight]
+        keys = [self.keys.epoch(session_id), self.keys.parked_of(session_id), self.store.keys.inflight_of(session_id)]
         with redis_errors(self.client, f"park session {session_id!r}"):
             if epoch is None:
-                self.client.hset(self.keys.parked, session_id, reason)
-                self.client.zrem(self.store.keys.inflight, session_id)
+                self.client.hset(self.keys.parked_of(session_id), session_id, reason)
+                self.client.zrem(self.store.keys.inflight_of(session_id), session_id)
                 return True
             return int(self._guarded(keys=keys, args=[epoch, "park", session_id, reason, session_id])) == 1
+
+    def _queue_key(self, session_id: str, ending: Ending) -> str:
+        """The broker's queue for the outbox's pushes; on a Redis Cluster store (issue #18) the outbox is off
+        (the broker is another server: no message to push, nor a mark holding one), and a key of the session's
+        own slot stands in, never read or written, so the script still touches one slot."""
+        return self.store.keys.session_key(session_id, "outbox") if self.store.keys.per_slot else ending.queue_key
 
     def _end_parts(self, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
         """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, the epoch, a
@@ -269,7 +282,7 @@ class FleetScripts:
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
             self.keys.attempts(session_id),
-            ending.queue_key,
+            self._queue_key(session_id, ending),
             self.keys.epoch(session_id),
             *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field, _ in ending.calls),
         ]
@@ -289,7 +302,7 @@ class FleetScripts:
         known = self.store.checkpoints.reader.cached(session_id)
         keys = [
             lease.key,
-            self.keys.parked,
+            self.keys.parked_of(session_id),
             self.keys.abort(session_id),
             self.keys.attempts(session_id),
             self.keys.results(session_id),

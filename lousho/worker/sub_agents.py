@@ -165,5 +165,5 @@ def _epoch_of(steps: SessionSteps, session_id: str) -> str:
 
 def _parked_reason(steps: SessionSteps, session_id: str) -> str | None:
     with redis_errors(steps.client, f"read the parked mark of {session_id!r}"):
-        reason = cast(bytes | None, steps.client.hget(steps.keys.parked, session_id))
+        reason = cast(bytes | None, steps.client.hget(steps.keys.parked_of(session_id), session_id))
     return text(reason) if reason is not None else None

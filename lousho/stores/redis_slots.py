@@ -1,0 +1,102 @@
+"""Redis Cluster for the store (issue #18): connecting to a cluster, and the slot tags of the index shards.
+
+In a cluster a Lua script or a MULTI may only touch keys of one slot. A session's keys share its id as
+their hash tag (`<prefix>{<session>}:cp`), so they share a slot; the fleet's indexes (in-flight
+deadlines, running tool calls, parked sessions, pending approvals) are written by the same scripts as
+the session's keys, atomically. So in the cluster layout (`RedisKeys(per_slot=True)`) each index is
+sharded by slot: the shard that holds a session's entry is `<prefix>{<tag>}:<index>` where `<tag>` is a
+short string that hashes to the session's own slot (`slot_tag`). Every script keeps touching one slot
+and stays as atomic as on one Redis; a reader of a whole index (the reaper, listings, metrics) reads
+every shard (`shard_tags`: 16,384 at most, only those that exist hold anything).
+
+Why not N fixed shards written outside the scripts: the reaper relies on a save of an 'in-progress'
+checkpoint and its deadline being one write (a session is never saved without a deadline), and the
+poison count and parked mark on the scripts' reads; splitting them would need new recovery rules.
+"""
+
+from __future__ import annotations
+
+import binascii
+from functools import cache
+from typing import Any, cast
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+
+from lousho.errors import ConfigurationError
+from lousho.redaction import redact_url
+
+__all__ = [
+    "CLUSTER_SCHEME",
+    "SLOTS",
+    "RedisCluster",
+    "connect_cluster",
+    "is_cluster",
+    "key_slot",
+    "shard_tags",
+    "slot_tag",
+]
+
+SLOTS = 16384
+CLUSTER_SCHEME = "redis+cluster://"
+
+
+def key_slot(key: str) -> int:
+    """The cluster slot of a key (its hash tag's, when it has one), as Redis computes it."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            key = key[start + 1 : end]
+    return binascii.crc_hqx(key.encode(), 0) % SLOTS
+
+
+@cache
+def _tags() -> tuple[str, ...]:
+    """For each slot, the first of 'ix0', 'ix1', ... that hashes to it (computed once per process)."""
+    tags: list[str | None] = [None] * SLOTS
+    missing, n = SLOTS, 0
+    while missing:
+        tag = f"ix{n}"
+        slot = binascii.crc_hqx(tag.encode(), 0) % SLOTS
+        if tags[slot] is None:
+            tags[slot], missing = tag, missing - 1
+        n += 1
+    return tuple(cast(list[str], tags))
+
+
+def slot_tag(slot: int) -> str:
+    """The index shards' hash tag for `slot` ('ix<n>')."""
+    return _tags()[slot]
+
+
+def shard_tags() -> tuple[str, ...]:
+    """Every index shard tag, one per slot."""
+    return _tags()
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster)
+
+
+def connect_cluster(url: str, **options: Any) -> redis.Redis:
+    """A cluster client for `redis+cluster://host:port[,host:port...]`: any reachable node is enough to find
+    the rest. Typed as `redis.Redis`: the store uses only commands both serve alike."""
+    rest = url[len(CLUSTER_SCHEME) :]
+    auth, _, hosts = rest.rpartition("@")
+    nodes = []
+    for address in hosts.split("/")[0].split(","):
+        host, _, port = address.strip().rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigurationError(
+                f"not a Redis Cluster URL: {redact_url(url)!r} (expected redis+cluster://host:port[,host:port...])"
+            )
+        nodes.append(ClusterNode(host, int(port)))  # type: ignore[no-untyped-call]
+    if auth:
+        user, _, password = auth.rpartition(":")
+        options.setdefault("password", password)
+        if user:
+            options.setdefault("username", user)
+    options.setdefault("socket_connect_timeout", 5.0)
+    options.setdefault("socket_timeout", 30.0)
+    return cast(redis.Redis, RedisCluster(startup_nodes=nodes, **options))
