@@ -9,6 +9,7 @@ check that the call shown is the call that would run (issue #17), and the next r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from lousho.cli_jobs import interrupted_decision
 from lousho.cli_render import sync
 from lousho.dashboard.views import DashboardContext
 from lousho.errors import ConfigurationError
+from lousho.messages import Message
 from lousho.pausing import check_stored_calls_unchanged
 from lousho.trajectory import fork as fork_session
 
@@ -52,6 +54,9 @@ class ForkForm:
     tool_call_id: str = ""
     tool_result: str = ""
     append_input: str = ""
+    message_index: str = ""
+    """With `message_content`: the transcript index (as the session page numbers it) of a message to rewrite."""
+    message_content: str = ""
     new_session_id: str = ""
     run: bool = False
 
@@ -77,9 +82,28 @@ def patch_of(form: ForkForm) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise ConfigurationError(f"the result of {call_id} is not JSON ({exc.msg}): {raw[:200]!r}") from None
         patch["tool_result"] = [{"tool_call_id": call_id, "result": result}]
+    if form.message_index.strip():
+        patch["messages"] = _rewrite_message(form.message_index.strip(), form.message_content)
     if form.append_input.strip():
         patch["append_input"] = [form.append_input]
     return patch
+
+
+def _rewrite_message(index_text: str, content: str) -> Callable[[list[Message]], list[Message]]:
+    """A `messages` patch that replaces the text of one user or assistant message of the save."""
+    if not index_text.isdigit():
+        raise ConfigurationError(f"the message to rewrite is a number from the transcript, not {index_text!r}")
+    index = int(index_text)
+
+    def rewrite(messages: list[Message]) -> list[Message]:
+        if index >= len(messages) or messages[index].role not in ("user", "assistant"):
+            raise ConfigurationError(
+                f"message #{index} of this save is not a user or assistant message "
+                f"(it has {len(messages)} messages; a tool result is patched with the tool call's result)"
+            )
+        return [*messages[:index], messages[index].model_copy(update={"content": content}), *messages[index + 1 :]]
+
+    return rewrite
 
 
 def fork_from_save(ctx: DashboardContext, session_id: str, form: ForkForm) -> Forked:

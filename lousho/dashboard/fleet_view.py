@@ -39,7 +39,9 @@ class RunningCallRow:
     session_id: str
     call: str
     beat_age_s: float
-    """Seconds since the call's last heartbeat."""
+    """Seconds since the call's last heartbeat (each beat also extends its lease)."""
+    lease_left_s: float | None
+    """Time left on the call's lease (None: no lease held, the call is ending or its worker died)."""
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,15 @@ def _inflight(store: Any, now_ms: int) -> list[InflightRow]:
 
 
 def _running(store: Any, now_ms: int) -> list[RunningCallRow]:
+    keys = FleetKeys(store)
     with redis_errors(store.client, "read the running calls"):
-        entries = cast(list[tuple[Any, float]], store.client.zrange(FleetKeys(store).running, 0, 199, withscores=True))
+        entries = cast(list[tuple[Any, float]], store.client.zrange(keys.running, 0, 199, withscores=True))
     rows = []
     for entry, beat_ms in entries:
-        host, pid, session_id, call = [*text(entry).split("|", 3), "", "", "", ""][:4]
-        rows.append(RunningCallRow(f"{host}|{pid}", session_id, call, (now_ms - beat_ms) / 1000))
+        host, pid, session_id, field = [*text(entry).split("|", 3), "", "", "", ""][:4]
+        call_id = field.split(":", 1)[-1]  # a `result_field` is '<turn>:<call id>'
+        with redis_errors(store.client, f"read the lease of call {call_id!r}"):
+            left_ms = int(store.client.pttl(keys.call_lease(session_id, call_id)))
+        left_s = left_ms / 1000 if left_ms >= 0 else None
+        rows.append(RunningCallRow(f"{host}|{pid}", session_id, field, (now_ms - beat_ms) / 1000, left_s))
     return rows

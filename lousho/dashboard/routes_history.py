@@ -15,6 +15,8 @@ from lousho.errors import ConfigurationError, SDKError
 
 __all__ = ["add_routes"]
 
+FORM_FIELDS = ("tool_call_id", "tool_result", "append_input", "message_index", "message_content")
+
 
 def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/sessions/{session_id}/history", name="history", response_class=HTMLResponse)
@@ -25,14 +27,15 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         except SDKError as exc:
             return refused(pages, request, exc)
         calls = [call for message in checkpoint.messages for call in message.tool_calls]
-        return pages.render(request, "history.html", cp=checkpoint, entries=entries, calls=calls)
+        texts = [(i, m) for i, m in enumerate(checkpoint.messages) if m.role in ("user", "assistant") and m.content]
+        return pages.render(request, "history.html", cp=checkpoint, entries=entries, calls=calls, texts=texts)
 
     @router.post("/sessions/{session_id}/fork", name="fork")
     async def fork(request: Request, session_id: str) -> Response:
         await check_post(request, read_only=ctx.read_only)
         form = await request.form()
         try:
-            fields = {name: str(form.get(name) or "") for name in ("tool_call_id", "tool_result", "append_input")}
+            fields = {name: str(form.get(name) or "") for name in FORM_FIELDS}
             save = str(form.get("save") or "")
             if not save.isdigit():
                 raise ConfigurationError(f"pick a save to fork from (a number from the history), not {save!r}")

@@ -32,23 +32,32 @@ def refused(pages: Pages, request: Request, exc: SDKError) -> HTMLResponse:
 
 def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/", name="sessions", response_class=HTMLResponse)
-    def sessions(request: Request, status: str = "", q: str = "") -> HTMLResponse:
+    def sessions(request: Request, status: str = "", q: str = "", start: int = 0) -> HTMLResponse:
         try:
-            rows = session_rows(ctx, status or None, q)
+            found = session_rows(ctx, status or None, q, start)
         except SDKError as exc:
             return refused(pages, request, exc)
         return pages.render(
-            request, "sessions.html", rows=rows, statuses=STATUSES, status=status, q=q, skipped=rows.skipped
+            request,
+            "sessions.html",
+            page=found,
+            rows=found.rows,
+            statuses=STATUSES,
+            status=status,
+            q=q,
         )
 
     @router.get("/rows", name="session_rows", response_class=HTMLResponse)
-    def rows(request: Request, status: str = "", q: str = "") -> HTMLResponse:
+    def rows(request: Request, status: str = "", q: str = "", start: int = 0) -> HTMLResponse:
         """The sessions table's rows alone: what the page's script polls for (live updates, no build step)."""
         try:
-            found = session_rows(ctx, status or None, q)
+            found = session_rows(ctx, status or None, q, start)
         except SDKError as exc:
             return refused(pages, request, exc)
-        return pages.render(request, "session_rows.html", rows=found)
+        response = pages.render(request, "session_rows.html", rows=found.rows)
+        shown = f"{found.start + 1 if found.rows else 0}-{found.start + len(found.rows)} of {found.total}"
+        response.headers["X-Lousho-Shown"] = shown  # the pager's text, which the script updates too
+        return response
 
     @router.get("/sessions/{session_id}", name="session", response_class=HTMLResponse)
     def session(request: Request, session_id: str, note: str = "") -> HTMLResponse:

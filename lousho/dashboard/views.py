@@ -24,6 +24,7 @@ __all__ = [
     "STATUSES",
     "DashboardContext",
     "SessionRow",
+    "SessionsPage",
     "TranscriptTurn",
     "load_session",
     "session_rows",
@@ -82,8 +83,30 @@ def _last_answer(checkpoint: Checkpoint) -> str:
     return next((m.content or "" for m in reversed(checkpoint.messages) if m.role == "assistant" and m.content), "")
 
 
-def session_rows(ctx: DashboardContext, status: str | None = None, search: str = "") -> Listing[SessionRow]:
-    """The sessions of one status (all when None) whose id contains `search`; unreadable ones named in `skipped`."""
+PAGE_ROWS = 100
+"""Sessions per page: each row reads its checkpoint, and the page's rows are read again at every poll."""
+
+
+@dataclass(frozen=True)
+class SessionsPage:
+    """One page of the sessions list: `rows` from `start`, of `total` matching ids."""
+
+    rows: Listing[SessionRow]
+    total: int
+    start: int
+
+    @property
+    def next_start(self) -> int | None:
+        return self.start + PAGE_ROWS if self.start + PAGE_ROWS < self.total else None
+
+    @property
+    def previous_start(self) -> int | None:
+        return max(0, self.start - PAGE_ROWS) if self.start > 0 else None
+
+
+def session_rows(ctx: DashboardContext, status: str | None = None, search: str = "", start: int = 0) -> SessionsPage:
+    """The sessions of one status (all when None) whose id contains `search`, `PAGE_ROWS` from `start` (in id
+    order); the unreadable ones are named in `rows.skipped`."""
     if status is not None and status not in STATUSES:
         raise ConfigurationError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
     parked = ctx.parked_reasons()
@@ -91,7 +114,9 @@ def session_rows(ctx: DashboardContext, status: str | None = None, search: str =
         ids: Listing[str] = Listing(sorted(parked))
     else:
         ids = Listing.of(sync(ctx.bundle.sessions(status)))
-    wanted = [(session_id, None) for session_id in ids if search.strip() in session_id]
+    matching = [session_id for session_id in ids if search.strip() in session_id]
+    start = max(0, start)
+    wanted = [(session_id, None) for session_id in matching[start : start + PAGE_ROWS]]
 
     def row(session_id: str, _: object) -> SessionRow | None:
         checkpoint: Checkpoint | None = sync(ctx.bundle.checkpoints.load(session_id))
@@ -113,7 +138,7 @@ def session_rows(ctx: DashboardContext, status: str | None = None, search: str =
         )
 
     rows = read_each(wanted, row, what="session")
-    return Listing(rows, skipped={**ids.skipped, **rows.skipped})
+    return SessionsPage(Listing(rows, skipped={**ids.skipped, **rows.skipped}), total=len(matching), start=start)
 
 
 def load_session(ctx: DashboardContext, session_id: str) -> Checkpoint:

@@ -54,11 +54,15 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         ],
     )
     fleet.script("pay.fork-1", [Message.assistant("unused"), Message.assistant("Paid 30; the square of 3 is 99?")])
+    fleet.script("warm-up", [tool_turn(("k1", "work", {"n": 2})), Message.assistant("The square of 2 is 4.")])
     fleet.start_worker("w1")
     with serving(create_dashboard(fleet.store, client=fleet.client)) as base, chromium_page() as page:
+        fleet.client.enqueue("jobs", "Square 2", session_id="warm-up")
+        fleet.wait_for(["warm-up"], timeout_s=60)
         page.goto(f"{base}/")
         fleet.client.enqueue("jobs", "Charge 30 and square 3", session_id="pay")
         page.wait_for_selector('tr[data-session="pay"] .status.awaiting-approval', timeout=60_000)  # live rows
+        assert page.inner_text("#pager-shown") == "1-2 of 2"
         shoot(page, "sessions")
 
         page.goto(f"{base}/approvals")
@@ -98,4 +102,4 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         assert "jobs" in page.inner_text("table.workers") and fleet.queue in page.inner_text("table.queues")
         assert "busy" in page.inner_text("table.inflight") and "s1" in page.inner_text("table.running")
         shoot(page, "fleet")
-    assert fleet.counts("runs") == {"w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
+    assert fleet.counts("runs") == {"k1": 1, "w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save

@@ -11,8 +11,10 @@ import pytest
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 
+from lousho.checkpoint import Checkpoint
 from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
+from lousho.dashboard.views import PAGE_ROWS
 from lousho.errors import ConfigurationError
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
@@ -211,3 +213,30 @@ def test_sub_agent_sessions_are_linked_both_ways_and_a_changed_fingerprint_shows
     assert 'href="http://testserver/sessions/trip.sub-call_weather">sub-agent session' in call
     assert '<span class="drift">model &#39;test-model&#39; -&gt; &#39;other-model&#39;</span>' in parent
     assert 'sub-agent of <a href="http://testserver/sessions/trip">' in browser.get("/sessions/trip.sub-call_weather").text
+
+
+def test_a_fork_from_the_form_can_rewrite_a_message_and_a_bad_index_changes_nothing(sqlite_store: Any) -> None:
+    browser = TestClient(create_dashboard(sqlite_store))
+    page = browser.get("/sessions/trip/history").text
+    first = sync(sqlite_store.checkpoints.history("trip"))[-1].checkpoint.version  # the oldest save: input only
+    form = {"csrf_token": token_of(page), "save": str(first), "message_index": "1"}
+    answer = browser.post("/sessions/trip/fork", data={**form, "message_content": "Plan my trip to Bergen"})
+    assert answer.status_code == 200
+    forked = sync(sqlite_store.checkpoints.load("trip.fork-1"))
+    assert forked.messages[1].content == "Plan my trip to Bergen"
+    assert sync(sqlite_store.checkpoints.load("trip")).messages[1].content == "Plan my trip"
+    bad = browser.post("/sessions/trip/fork", data={**form, "message_index": "0", "message_content": "x"})
+    assert bad.status_code == 400 and "not a user or assistant message" in bad.text
+    assert sync(sqlite_store.checkpoints.load("trip.fork-2")) is None
+
+
+def test_the_sessions_list_is_paged_and_the_live_rows_follow_the_page(sqlite_store: Any) -> None:
+    for n in range(PAGE_ROWS + 3):
+        sync(sqlite_store.checkpoints.save(f"bulk-{n:04}", Checkpoint(session_id=f"bulk-{n:04}", version=1)))
+    browser = TestClient(create_dashboard(sqlite_store))
+    first = browser.get("/", params={"q": "bulk-"}).text
+    assert first.count('data-session="bulk-') == PAGE_ROWS and f"of {PAGE_ROWS + 3}" in first
+    assert 'id="next-page"' in first
+    rest = browser.get("/rows", params={"q": "bulk-", "start": PAGE_ROWS})
+    assert rest.text.count('data-session="bulk-') == 3 and 'data-session="bulk-0102"' in rest.text
+    assert rest.headers["X-Lousho-Shown"] == f"{PAGE_ROWS + 1}-{PAGE_ROWS + 3} of {PAGE_ROWS + 3}"

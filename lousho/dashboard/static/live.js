@@ -7,7 +7,10 @@
     if (live && !live.checked) return;
     try {
       const response = await fetch(body.dataset.rowsUrl, { headers: { "Accept": "text/html" } });
-      if (response.ok) body.innerHTML = await response.text();
+      if (!response.ok) return;
+      body.innerHTML = await response.text();
+      const shown = document.getElementById("pager-shown");
+      if (shown && response.headers.get("X-Lousho-Shown")) shown.textContent = response.headers.get("X-Lousho-Shown");
     } catch (e) { /* the next poll tries again */ }
   }
   setInterval(refresh, 2000);
