@@ -240,3 +240,13 @@ def test_the_sessions_list_is_paged_and_the_live_rows_follow_the_page(sqlite_sto
     rest = browser.get("/rows", params={"q": "bulk-", "start": PAGE_ROWS})
     assert rest.text.count('data-session="bulk-') == 3 and 'data-session="bulk-0102"' in rest.text
     assert rest.headers["X-Lousho-Shown"] == f"{PAGE_ROWS + 1}-{PAGE_ROWS + 3} of {PAGE_ROWS + 3}"
+
+
+def test_what_a_run_wrote_is_shown_as_text_never_as_markup(sqlite_store: Any) -> None:
+    trip = sync(sqlite_store.checkpoints.load("trip"))
+    hostile = trip.messages[-1].model_copy(update={"content": "<script>alert('x')</script>"})
+    sync(sqlite_store.checkpoints.save("trip", trip.model_copy(update={"messages": [*trip.messages[:-1], hostile], "version": trip.version + 1})))
+    browser = TestClient(create_dashboard(sqlite_store))
+    for url in ("/", "/sessions/trip", "/compare?a=trip&b=pay"):
+        page = browser.get(url).text
+        assert "<script>alert" not in page and "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
