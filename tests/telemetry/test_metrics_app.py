@@ -128,3 +128,22 @@ def test_the_observability_pages_python_examples_run_as_shown() -> None:
     from celery import signals
 
     assert "lousho-telemetry-publish" not in _connected(signals.before_task_publish)  # it ends with disable()
+
+
+def test_lousho_metrics_once_prints_the_stores_metrics(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from lousho.cli import app
+    from lousho.stores.sql import SqliteStore
+    from lousho.testing.store_contract import sample_checkpoint
+
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    store = SqliteStore(str(tmp_path / "runs.db"))
+    store.checkpoints.save("one", sample_checkpoint("one", status="finished"))
+    store.close()
+    env = {"LOUSHO_REDIS_URL": None, "REDIS_URL": None, "LOUSHO_PREFIX": None, "PROMETHEUS_MULTIPROC_DIR": None}
+    result = CliRunner().invoke(app, ["--store-url", url, "metrics", "--once"], env=env)
+    assert result.exit_code == 0, (result.output, result.exception)
+    metrics = scraped(result.output)
+    assert metrics[("lousho_sessions", (("status", "finished"),))] == 1
+    assert metrics[("lousho_approvals_waiting", ())] == 0
