@@ -114,7 +114,9 @@ def session_rows(ctx: DashboardContext, status: str | None = None, search: str =
         ids: Listing[str] = Listing(sorted(parked))
     else:
         ids = Listing.of(sync(ctx.bundle.sessions(status)))
-    matching = [session_id for session_id in ids if search.strip() in session_id]
+    # A parked session's checkpoint says 'in-progress'; the filter lists it under 'parked' only (the status shown).
+    hidden = parked if status is not None and status != "parked" else {}
+    matching = [session_id for session_id in ids if search.strip() in session_id and session_id not in hidden]
     start = max(0, start)
     wanted = [(session_id, None) for session_id in matching[start : start + PAGE_ROWS]]
 
@@ -123,8 +125,6 @@ def session_rows(ctx: DashboardContext, status: str | None = None, search: str =
         if checkpoint is None:
             return None
         reason = parked.get(session_id)
-        if status is not None and status != "parked" and reason is not None:
-            return None  # parked sessions are listed under 'parked', as `lousho sessions --status` does
         return SessionRow(
             session_id=session_id,
             status="parked" if reason is not None else checkpoint.status,

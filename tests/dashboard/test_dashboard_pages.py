@@ -155,6 +155,7 @@ def test_the_fleet_page_shows_queues_in_flight_and_parked_sessions(fleet_store: 
     assert 'href="http://testserver/sessions/queued"' in page[page.index('class="inflight"') :]
     assert "killed its worker 3 times" in page[page.index('class="parked"') :]
     assert "parked: LOUSHO_POISON" in browser.get("/", params={"status": "parked"}).text
+    assert 'data-session="trip"' not in browser.get("/", params={"status": "finished"}).text  # shown as parked
 
 
 def test_a_fleet_store_without_a_client_is_refused_unless_read_only(fleet_store: tuple[Any, Any]) -> None:
