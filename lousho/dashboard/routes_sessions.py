@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -82,6 +82,15 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             drift=fingerprint_drift(checkpoint, history),
             note=note,
         )
+
+    @router.get("/sessions/{session_id}/version", name="session_version")
+    def version(session_id: str) -> dict[str, int | str]:
+        """The session's save number and status: the session page reloads itself when they change (live)."""
+        try:
+            checkpoint = load_session(ctx, session_id)
+        except SessionNotFoundError as exc:
+            raise HTTPException(404, str(exc)) from None
+        return {"version": checkpoint.version, "status": checkpoint.status}
 
     @router.post("/sessions/{session_id}/resume", name="resume")
     async def resume(request: Request, session_id: str) -> Response:

@@ -5,7 +5,6 @@ is written to docs/dashboard/*.png (shown in the README and docs/observability.m
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,9 @@ def shoot(page: Any, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
-def wait_for_status(page: Any, url: str, status: str, timeout_s: float = 60) -> None:
-    """Reload the session's page until it shows `status` (the worker moves the run meanwhile)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        page.goto(url)
-        if page.inner_text("#session-status") == status:
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"{url} never showed {status!r}; it shows {page.inner_text('#session-status')!r}")
+def wait_for_status(page: Any, status: str) -> None:
+    """The session's page reloads itself on each new save (follow.js) until it shows `status`."""
+    page.wait_for_selector(f"#session-status:text-is('{status}')", timeout=60_000)
 
 
 def newest_save_with_both_results(fleet: Fleet, session_id: str) -> int:
@@ -71,7 +64,8 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         shoot(page, "approvals")
         row.locator("button.approve").click()
         page.wait_for_selector("p.note:text('approved')")
-        wait_for_status(page, f"{base}/sessions/pay", "finished")
+        page.goto(f"{base}/sessions/pay")
+        wait_for_status(page, "finished")
         assert "Paid 30; the square of 3 is 9." in page.inner_text("table.transcript")
         assert '"charged": 30' in page.inner_text("#call-c1")
         shoot(page, "session")
@@ -84,8 +78,11 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         page.click("#fork-submit")
         page.wait_for_selector("p.note:text('forked pay')")
         assert page.inner_text("#session-status") == "in-progress"
+        fleet.redis.set(fleet.key("model-delay:pay.fork-1:2"), "2")  # the fork's model turn takes 2 s
         page.click("#run")
-        wait_for_status(page, f"{base}/sessions/pay.fork-1", "finished")
+        page.wait_for_selector("p.note:text('resumed')")
+        assert page.inner_text("#session-status") == "in-progress"
+        wait_for_status(page, "finished")  # the page followed the run by itself
         assert '"square": 99' in page.inner_text("#call-w1")
 
         page.goto(f"{base}/compare?a=pay&b=pay.fork-1")

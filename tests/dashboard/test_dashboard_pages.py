@@ -251,3 +251,14 @@ def test_what_a_run_wrote_is_shown_as_text_never_as_markup(sqlite_store: Any) ->
     for url in ("/", "/sessions/trip", "/compare?a=trip&b=pay"):
         page = browser.get(url).text
         assert "<script>alert" not in page and "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
+
+
+def test_a_running_sessions_page_follows_its_saves_and_a_finished_one_does_not(
+    dashboard: tuple[Any, Any, TestClient],
+) -> None:
+    store, _, browser = dashboard
+    assert "data-follow" in browser.get("/sessions/pay").text  # awaiting approval: it may move
+    assert "data-follow" not in browser.get("/sessions/trip").text
+    pay = sync(store.checkpoints.load("pay"))
+    assert browser.get("/sessions/pay/version").json() == {"version": pay.version, "status": "awaiting-approval"}
+    assert browser.get("/sessions/nobody/version").status_code == 404
