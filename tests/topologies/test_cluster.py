@@ -1,0 +1,263 @@
+"""The fleet with its store on a Redis Cluster (issue #18): a private 6-node cluster (3 primaries, 3 replicas,
+`lousho.testing.redis_cluster`), the broker on the run's standalone Redis (kombu has no Cluster transport).
+
+The fleet's crash tests run here as they do on one Redis (a SIGKILL mid-tool, an approval decided from another
+process across workers, an abort, a sub-agent whose tool worker is killed). Every Lua script and every MULTI of
+the store and the fleet runs in them; a cluster refuses any that touches two slots (CROSSSLOT), so their passing
+shows each touches one. After each, every key the fleet wrote on the cluster is checked to lie in its session's
+slot, or in the shard of an index that holds only entries of its own slot: no global key is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from lousho import Message
+from lousho.errors import StoreUnavailableError
+from lousho.scheduler import Client, reap_once
+from lousho.scheduler.reaper import run_reaper
+from lousho.stores.redis import RedisStore
+from lousho.stores.redis_slots import key_slot, shard_tags
+from lousho.testing.redis_cluster import RedisClusterNodes, cluster_binaries
+from lousho.worker import FleetSettings, broker_url
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
+from tests.fleet.test_fleet_approvals_and_abort import (
+    test_abort_cancels_the_running_call_and_new_input_continues_the_run as abort_cancels_and_new_input_continues,
+)
+from tests.fleet.test_fleet_approvals_and_abort import (
+    test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker as approval_across_workers,
+)
+from tests.fleet.test_fleet_crashes import assert_guarantees
+from tests.fleet.test_sub_agents_fleet import (
+    test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_resumes_both as sub_agent_survives,
+)
+
+pytestmark = pytest.mark.slow
+
+FLEET_WIDE = {"workers", "reaper:lock", "telemetry:counters"}
+"""Keys of the whole fleet that no script touches with another key (single-key commands only): the workers'
+presence hash, the reaper's pass lock, the event counters. Each is in one slot like any key."""
+INDEXES = {"inflight", "running", "parked", "approvals:pending"}
+SHARD_TAGS = set(shard_tags())
+
+
+def require_cluster_binaries() -> None:
+    server, cli = cluster_binaries()
+    missing = [name for name, path in (("redis-server", server), ("redis-cli", cli)) if path is None]
+    if missing:
+        reason = f"{' and '.join(missing)} not found: the Redis Cluster tests need them (apt-get install redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(f"in CI every topology is tested: {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisClusterNodes]:
+    """One private cluster for this module's tests (each has its own key prefix); a test that kills a node
+    takes its own (`own_redis_cluster`)."""
+    require_cluster_binaries()
+    with RedisClusterNodes() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def own_redis_cluster() -> Iterator[RedisClusterNodes]:
+    require_cluster_binaries()
+    with RedisClusterNodes() as cluster:
+        yield cluster
+
+
+def cluster_fleet(cluster: RedisClusterNodes, broker_redis_url: str, prefix: str, log_dir: Path) -> Fleet:
+    """A `Fleet` whose workers, client and test probes keep the store on `cluster`, the broker on `broker_redis_url`."""
+    queue = f"lousho-test-{uuid.uuid4().hex[:12]}"
+    broker = broker_url(broker_redis_url)
+    env = {
+        "LOUSHO_TEST_FLEET_REDIS": cluster.url,
+        "LOUSHO_TEST_FLEET_PREFIX": prefix,
+        "LOUSHO_TEST_FLEET_QUEUE": queue,
+        "LOUSHO_TEST_FLEET_BROKER": broker,
+        "PYTHONPATH": ROOT,
+    }
+    store = RedisStore(cluster.url, prefix=prefix)
+    client = Client(broker=broker, store=store, settings=FleetSettings(queue=queue, lease_ttl_s=2.0))
+    return Fleet(env=env, queue=queue, prefix=prefix, store=store, client=client, log_dir=str(log_dir))
+
+
+@pytest.fixture
+def fleet_on_cluster(
+    redis_cluster: RedisClusterNodes, redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[Fleet]:
+    fleet = cluster_fleet(redis_cluster, redis_url, redis_prefix, tmp_path)
+    yield fleet
+    fleet.stop_all()
+    fleet.client.app.close()
+    redis_client.delete(fleet.queue)
+    delete_prefix(fleet.store, redis_prefix)
+    fleet.store.close()
+
+
+def delete_prefix(store: RedisStore, prefix: str) -> None:
+    pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"
+    for key in list(store.client.scan_iter(match=pattern, count=1000)):
+        store.client.delete(key)
+
+
+def tag_of(key: str) -> str | None:
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else None
+
+
+def global_keys(fleet: Fleet) -> list[str]:
+    """Every key under the fleet's prefix on the cluster (the test's own probes aside) that is neither in a
+    session's slot nor a shard of an index holding only entries of its own slot; [] when none is left."""
+    client, prefix = fleet.store.client, fleet.prefix
+    found = [k.decode() for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    sessions = {key_slot(k) for k in found if k.endswith(":cp")}
+    wrong = []
+    for key in found:
+        rest, tag = key[len(prefix) :], tag_of(key)
+        if rest.startswith("test:") or rest in FLEET_WIDE:
+            continue
+        if tag is not None and tag not in SHARD_TAGS:  # a session's own key: `{<session>}:<part>`
+            continue
+        if tag is None and rest.startswith("approval:"):  # its pending-index shard is in its slot
+            continue
+        index = rest.partition(":")[2]
+        if tag in SHARD_TAGS and index in INDEXES and shard_holds_only_its_slot(client, key, index, sessions):
+            continue
+        wrong.append(key)
+    return wrong
+
+
+def shard_holds_only_its_slot(client: redis.Redis, shard: str, index: str, session_slots: set[int]) -> bool:
+    """Whether every entry of an index shard belongs to a session (or an approval) of the shard's own slot."""
+    slot, prefix = key_slot(shard), shard[: shard.index("{")]
+    if index in ("inflight", "approvals:pending"):
+        members = [m.decode() for m in client.zrange(shard, 0, -1)]
+    elif index == "running":  # '<host>|<pid>|<session>|<field>'
+        members = [m.decode().split("|", 3)[2] for m in client.zrange(shard, 0, -1)]
+    else:
+        members = [m.decode() for m in client.hkeys(shard)]
+    if index == "approvals:pending":
+        return all(key_slot(f"{prefix}approval:{m}") == slot for m in members)
+    return all(key_slot(f"{prefix}{{{m}}}:cp") == slot for m in members)
+
+
+def assert_no_global_key(fleet: Fleet) -> None:
+    reap_once(fleet.store, fleet.client.app, FleetSettings(queue=fleet.queue, reaper_interval_s=0.3))
+    assert global_keys(fleet) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_fleet_on_a_cluster_store_finishes_every_session_when_a_worker_is_killed_mid_tool(
+    fleet_on_cluster: Fleet,
+) -> None:
+    fleet = fleet_on_cluster
+    sessions = [f"c{i:02d}" for i in range(8)]
+    for session in sessions:
+        fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 2})), Message.assistant(f"{session} done")])
+    fleet.script("slow", [tool_turn(("slow-k", "work", {"n": 3, "sleep_s": 3.0})), Message.assistant("slow done")])
+    workers = [fleet.start_worker(), fleet.start_worker()]
+    fleet.start_reaper()
+    for session in [*sessions, "slow"]:
+        fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+    fleet.worker_with_pid(fleet.pid_running("slow-k")).kill(signal.SIGKILL)  # dies in the middle of the tool
+    inflight = fleet.store.keys.inflight_of("slow")
+    assert fleet.redis.zscore(inflight, "slow") is not None  # its deadline, in the shard of its own slot
+    assert key_slot(inflight) == key_slot(fleet.store.keys.head("slow")) and inflight != f"{fleet.prefix}inflight"
+    fleet.start_worker()
+    fleet.wait_for([*sessions, "slow"], timeout_s=90)
+
+    assert_guarantees(fleet, [*sessions, "slow"])
+    runs = fleet.counts("runs")
+    assert runs.pop("slow-k") == 2  # no recorded result when it died: it ran again, once
+    assert set(runs.values()) == {1}
+    assert all("CROSSSLOT" not in w.log() for w in [*workers, *fleet.workers])
+    assert sorted(fleet.client.sessions("finished")) == sorted([*sessions, "slow"])  # SCAN over every primary
+    assert_no_global_key(fleet)
+
+
+@pytest.mark.timeout(120)
+def test_approvals_decided_from_another_process_work_on_a_cluster_and_leave_no_global_key(
+    fleet_on_cluster: Fleet,
+) -> None:
+    approval_across_workers(fleet_on_cluster)
+    assert_no_global_key(fleet_on_cluster)
+
+
+@pytest.mark.timeout(120)
+def test_abort_and_new_input_work_on_a_cluster_and_leave_no_global_key(fleet_on_cluster: Fleet) -> None:
+    abort_cancels_and_new_input_continues(fleet_on_cluster)
+    assert_no_global_key(fleet_on_cluster)
+
+
+@pytest.mark.timeout(150)
+def test_a_sub_agent_survives_a_sigkill_on_a_cluster_and_leaves_no_global_key(
+    fleet_on_cluster: Fleet, tmp_path: Path
+) -> None:
+    sub_agent_survives(fleet_on_cluster, tmp_path)
+    assert_no_global_key(fleet_on_cluster)
+
+
+def wait_through_failover(fleet: Fleet, sessions: list[str], timeout_s: float) -> None:
+    """`fleet.wait_for`, where a read that fails while the clients learn the new primary is read again."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            fleet.wait_for(sessions, timeout_s=5)
+            return
+        except (AssertionError, StoreUnavailableError) as exc:
+            last = exc
+    raise last
+
+
+@pytest.mark.timeout(150)
+def test_sessions_finish_with_every_guarantee_when_a_cluster_primary_is_killed_mid_run(
+    own_redis_cluster: RedisClusterNodes, redis_url: str, redis_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """SIGKILL of a primary while tools run: its replica takes over (about `cluster-node-timeout` later); the
+    clients follow the new slot map, the reaper requeues what stalled, and every session finishes once."""
+    cluster = own_redis_cluster
+    fleet = cluster_fleet(cluster, redis_url, redis_prefix, tmp_path)
+    try:
+        sessions = [f"f{i:02d}" for i in range(10)]
+        for session in sessions:
+            fleet.script(
+                session, [tool_turn((f"{session}-a", "work", {"n": 2, "sleep_s": 0.5})), Message.assistant("done")]
+            )
+        for _ in range(3):
+            fleet.start_worker()
+        stop = threading.Event()
+        reaper_store = RedisStore(cluster.url, prefix=redis_prefix)  # its own client, as `lousho reaper` has
+        settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.3, requeue_backoff_s=3.0)
+        reaper = threading.Thread(
+            target=run_reaper, args=(reaper_store, fleet.client.app, settings), kwargs={"stop": stop}
+        )
+        reaper.start()  # `lousho reaper`'s loop: a pass that fails while the cluster fails over is retried
+        for session in sessions:
+            fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+        fleet.pid_running("f00-a")
+        victim = cluster.primaries()[0]
+        cluster.kill(victim)
+        time.sleep(0.5)
+        cluster.wait_ok(timeout_s=30)  # a replica was promoted: every slot is served again
+        wait_through_failover(fleet, sessions, timeout_s=120)
+        assert victim not in cluster.primaries()
+        assert_guarantees(fleet, sessions)
+    finally:
+        stop.set()
+        reaper.join(timeout=10)
+        fleet.stop_all()
+        fleet.client.app.close()
+        redis_client.delete(fleet.queue)
