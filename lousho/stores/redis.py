@@ -83,6 +83,11 @@ class RedisStore(SessionsOfCheckpoints):
                 f"RedisStore takes a Redis URL or a redis.Redis client, not {type(url_or_client).__name__}"
             )
         # On a Redis Cluster the fleet's indexes are sharded by slot (lousho.stores.redis_slots, issue #18)
+        if codec.active and _decodes_responses(self.client):
+            raise ConfigurationError(
+                "a RedisStore with a payload codec needs a client that returns bytes: encoded values are binary; "
+                "pass a redis.Redis made without decode_responses=True (issue #17)"
+            )
         self.keys = RedisKeys(prefix, per_slot=is_cluster(self.client))
         self.prefix = prefix
         self.history_limit = history_limit
@@ -144,6 +149,12 @@ class RedisStore(SessionsOfCheckpoints):
 
     def __repr__(self) -> str:
         return f"RedisStore({describe(self.client)}, prefix={self.prefix!r}, history_limit={self.history_limit})"
+
+
+def _decodes_responses(client: Any) -> bool:
+    """Whether the client turns replies into str (it would fail on a binary value)."""
+    kwargs = getattr(client, "get_connection_kwargs", None)
+    return bool(callable(kwargs) and kwargs().get("decode_responses"))
 
 
 def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> RedisStore:

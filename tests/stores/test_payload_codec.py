@@ -268,3 +268,13 @@ def test_redis_holds_no_plaintext_of_a_secret_in_messages_tool_results_state_or_
     plain = RedisStore(redis_client, prefix=redis_prefix + "plain:")  # the same write without the codec: found
     plain.checkpoints.save(SESSION, secret_checkpoint(secret))
     assert holding(redis_client, secret) != []
+
+
+def test_a_redis_client_that_decodes_replies_to_text_is_refused_with_the_codec(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        with pytest.raises(ConfigurationError, match="decode_responses"):
+            RedisStore(client, codec=codec_of("k1"))
+        RedisStore(client)  # without the codec it is the client it always was
+    finally:
+        client.close()
