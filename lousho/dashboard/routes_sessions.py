@@ -13,6 +13,7 @@ from lousho.dashboard.views import (
     STATUSES,
     DashboardContext,
     fingerprint_drift,
+    fork_source,
     history_of,
     load_session,
     session_rows,
@@ -80,6 +81,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             turns=transcript_turns(checkpoint, set(subs)),
             subs=subs,
             drift=fingerprint_drift(checkpoint, history),
+            fork_source=fork_source(ctx, session_id),
             note=note,
         )
 

@@ -26,7 +26,11 @@ __all__ = [
     "SessionRow",
     "SessionsPage",
     "TranscriptTurn",
+    "fingerprint_drift",
+    "fork_source",
+    "history_of",
     "load_session",
+    "pending_approvals",
     "session_rows",
     "sub_sessions",
     "transcript_turns",
@@ -215,6 +219,15 @@ def sub_sessions(ctx: DashboardContext, session_id: str) -> list[str]:
             if checkpoint is not None and checkpoint.parent_session_id == session_id:
                 found.append(candidate)
     return found
+
+
+def fork_source(ctx: DashboardContext, session_id: str) -> str | None:
+    """The session a default-named fork (`<source>.fork-<n>`, as `fork()` names it) came from, if it still exists."""
+    source, sep, number = session_id.rpartition(".fork-")
+    if not sep or not number.isdigit() or not source:
+        return None
+    found: Checkpoint | None = sync(ctx.bundle.checkpoints.load(source))
+    return source if found is not None else None
 
 
 def history_of(ctx: DashboardContext, session_id: str) -> list[HistoryEntry]:

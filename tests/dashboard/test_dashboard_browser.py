@@ -85,7 +85,7 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         wait_for_status(page, "finished")  # the page followed the run by itself
         assert '"square": 99' in page.inner_text("#call-w1")
 
-        page.goto(f"{base}/compare?a=pay&b=pay.fork-1")
+        page.click("#compare-with-source")
         assert page.inner_text("#verdict") == "first divergence at step 1"
         highlighted = page.locator("#first-divergence")
         assert "99" in highlighted.inner_text() and "9" in highlighted.inner_text()

@@ -88,6 +88,7 @@ def test_forking_from_the_history_page_patches_the_result_and_compare_shows_wher
     form = {"csrf_token": token_of(page), "save": str(save), "tool_call_id": "call_weather"}
     answer = browser.post("/sessions/trip/fork", data={**form, "tool_result": '{"forecast": "snow"}'})
     assert answer.status_code == 200 and "forked trip" in answer.text
+    assert 'href="http://testserver/compare?a=trip&amp;b=trip.fork-1"' in answer.text  # the fork's page links it
     forked = sync(store.checkpoints.load("trip.fork-1"))
     assert forked.messages[-1].result() == {"forecast": "snow"}
     assert sync(store.checkpoints.load("trip")).messages[3].result() == {"city": "Oslo", "forecast": "sun"}
@@ -262,3 +263,10 @@ def test_a_running_sessions_page_follows_its_saves_and_a_finished_one_does_not(
     pay = sync(store.checkpoints.load("pay"))
     assert browser.get("/sessions/pay/version").json() == {"version": pay.version, "status": "awaiting-approval"}
     assert browser.get("/sessions/nobody/version").status_code == 404
+
+
+def test_the_dashboard_serves_the_stores_metrics_at_slash_metrics_unless_told_not_to(sqlite_store: Any) -> None:
+    pytest.importorskip("prometheus_client", reason="the metrics extra (prometheus_client) is not installed")
+    scrape = TestClient(create_dashboard(sqlite_store)).get("/metrics").text
+    assert 'lousho_sessions{status="finished"} 1.0' in scrape and "lousho_approvals_waiting 1.0" in scrape
+    assert TestClient(create_dashboard(sqlite_store, metrics=False)).get("/metrics").status_code == 404
