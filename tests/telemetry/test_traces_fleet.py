@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -16,7 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from lousho import Message
 from lousho.telemetry import hooks
 from lousho.telemetry.traces import trace_key
-from tests.fleet.conftest import Fleet, tool_turn
+from lousho.testing.workers import start_worker
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import OtlpReceiver, ReceivedSpan, start_recording_reaper
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -108,3 +110,26 @@ def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigk
     assert fleet.counts("runs")["t1-a"] == 2
     # The run is over: its trace hash is gone, so the session's next run starts a trace of its own.
     assert not fleet.redis.exists(trace_key(fleet.store, "t1"))
+
+
+def test_prefork_children_export_their_hops_spans_into_the_runs_trace(
+    fleet: Fleet, otlp_receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    fleet.script("f1", [tool_turn(("f1-a", "work", {"n": 1}), ("f1-b", "work", {"n": 2})), Message.assistant("f1 done")])
+    env = {**fleet.env, "LOUSHO_TRACES": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.base_url,
+           "OTEL_BSP_SCHEDULE_DELAY": "50"}  # fmt: skip
+    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env=env, cwd=ROOT,
+                          pool="prefork", concurrency=2, log_dir=str(tmp_path))  # fmt: skip
+    try:
+        fleet.client.enqueue("jobs", "job f1", session_id="f1")
+        fleet.wait_for(["f1"])
+        spans = wait_for_spans(otlp_receiver, "f1", "lousho.model_turn")
+    finally:
+        worker.stop()
+
+    (root,) = [s for s in spans if s.name == "lousho.run"]
+    hops = [s for s in spans if s is not root]
+    assert sorted(s.name for s in hops) == ["lousho.model_turn", "lousho.model_turn", "lousho.tool_call", "lousho.tool_call"]
+    assert all(s.trace_id == root.trace_id and s.parent_id == root.span_id for s in hops)
+    children = {int(p) for p in fleet.redis.hvals(fleet.key("ran-on"))}
+    assert children and worker.pid not in children  # the tool calls (and their spans) were the children's
