@@ -83,6 +83,13 @@ class PayloadCodec:
         self.keys = dict(keys or {})
         self._ciphers = {key_id: _cipher(key_id, key) for key_id, key in self.keys.items()}
         self._write_key = next(iter(self.keys), None)
+        self._writer = None if self._write_key is None else self._ciphers[self._write_key]
+        self._active = bool(compress) or self._write_key is not None
+        # The header of each kind of write (compressed or not), made once: a save encodes a few payloads.
+        key_id = (self._write_key or "").encode()
+        encrypted = _ENCRYPTED if self._write_key is not None else 0
+        packed = _ZSTD if compress == "zstd" else _COMPRESSED
+        self._headers = {flag: MAGIC + bytes((FORMAT, flag | encrypted, len(key_id))) + key_id for flag in (0, packed)}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PayloadCodec:
@@ -98,7 +105,7 @@ class PayloadCodec:
     @property
     def active(self) -> bool:
         """Whether writes are encoded (a codec that is off still reads encoded values it can open)."""
-        return bool(self.compress) or self._write_key is not None
+        return self._active
 
     @property
     def encrypts(self) -> bool:
@@ -111,21 +118,18 @@ class PayloadCodec:
 
     def encode(self, plain: bytes) -> bytes:
         """`plain` as stored: itself when the codec is off, else header + (compressed, encrypted) body."""
-        if not self.active:
+        if not self._active:
             return plain
-        flags, body = 0, plain
+        flag, body = 0, plain
         if self.compress and len(plain) >= _MIN_COMPRESS_BYTES:
             packed = self._zstd.compress(plain) if self._zstd else _deflate(plain)
             if len(packed) < len(plain):
-                flags, body = (_ZSTD if self._zstd else _COMPRESSED), packed
-        key_id = (self._write_key or "").encode()
-        if self._write_key is not None:
-            flags |= _ENCRYPTED
-        header = MAGIC + bytes((FORMAT, flags, len(key_id))) + key_id
-        if self._write_key is None:
+                flag, body = (_ZSTD if self._zstd else _COMPRESSED), packed
+        header = self._headers[flag]
+        if self._writer is None:
             return header + body
         nonce = os.urandom(_NONCE_BYTES)
-        sealed: bytes = self._ciphers[self._write_key].encrypt(nonce, body, header)
+        sealed: bytes = self._writer.encrypt(nonce, body, header)
         return header + nonce + sealed
 
     def decode(self, stored: bytes) -> bytes:
@@ -175,7 +179,7 @@ class PayloadCodec:
 
     def encode_text(self, plain: str) -> str:
         """`plain` as text a text column, a JSON line or a JSON string can hold."""
-        if not self.active:
+        if not self._active:
             return plain
         return TEXT_MARK + base64.b64encode(self.encode(plain.encode())).decode("ascii")
 
@@ -193,7 +197,7 @@ class PayloadCodec:
 
     def encode_json(self, plain_json: str) -> str | bytes:
         """A JSON document as bytes where the store keeps bytes (Redis): the codec's binary form."""
-        return self.encode(plain_json.encode()) if self.active else plain_json
+        return self.encode(plain_json.encode()) if self._active else plain_json
 
     # -- checkpoint heads ---------------------------------------------------------------------
 
@@ -203,7 +207,7 @@ class PayloadCodec:
             return checkpoint.model_dump_json(exclude={"messages"})
         plain = checkpoint.model_dump_json(include=set(PLAIN_FIELDS))
         secret = checkpoint.model_dump_json(exclude={"messages", *PLAIN_FIELDS})
-        return plain[:-1] + ',"' + SEALED + '":' + json.dumps(self.encode_text(secret)) + "}"
+        return plain[:-1] + ',"' + SEALED + '":"' + self.encode_text(secret) + '"}'  # base64: nothing to escape
 
     def open_fields(self, data: dict[str, Any]) -> dict[str, Any]:
         """A head's JSON fields with its `"$sealed"` part opened and merged back (the dict is changed)."""
