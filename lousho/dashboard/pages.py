@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 from lousho.dashboard.security import CSRF_FIELD, csrf_token, remember_token
 from lousho.dashboard.views import DashboardContext
 
-__all__ = ["Pages"]
+__all__ = ["Pages", "age_text"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -23,6 +24,7 @@ class Pages:
     def __init__(self, ctx: DashboardContext) -> None:
         self.ctx = ctx
         self.templates = Jinja2Templates(directory=str(TEMPLATES))
+        self.templates.env.filters["age"] = age_text
 
     def render(self, request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         context = {
@@ -39,3 +41,17 @@ class Pages:
 
     def error(self, request: Request, status_code: int, message: str) -> HTMLResponse:
         return self.render(request, "error.html", status_code=status_code, message=message)
+
+
+def age_text(iso_time: str, now: datetime | None = None) -> str:
+    """How long ago an ISO 8601 time was, for a person: '42 s', '5 min', '3 h', '2 d' ('?' if unreadable)."""
+    try:
+        then = datetime.fromisoformat(iso_time)
+    except (TypeError, ValueError):
+        return "?"
+    then = then if then.tzinfo else then.replace(tzinfo=UTC)
+    seconds = max(0.0, ((now or datetime.now(UTC)) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"

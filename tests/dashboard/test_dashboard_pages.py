@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from fastapi.testclient import TestClient
 from lousho.checkpoint import Checkpoint
 from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
+from lousho.dashboard.pages import age_text
 from lousho.dashboard.views import PAGE_ROWS
 from lousho.errors import ConfigurationError
 from lousho.scheduler.client import Client
@@ -270,3 +272,12 @@ def test_the_dashboard_serves_the_stores_metrics_at_slash_metrics_unless_told_no
     scrape = TestClient(create_dashboard(sqlite_store)).get("/metrics").text
     assert 'lousho_sessions{status="finished"} 1.0' in scrape and "lousho_approvals_waiting 1.0" in scrape
     assert TestClient(create_dashboard(sqlite_store, metrics=False)).get("/metrics").status_code == 404
+
+
+def test_an_approvals_wait_is_shown_as_an_age() -> None:
+    now = datetime(2026, 1, 2, 12, 0, 0, tzinfo=UTC)
+    assert age_text("2026-01-02T11:59:18+00:00", now) == "42 s"
+    assert age_text("2026-01-02T11:55:00+00:00", now) == "5 min"
+    assert age_text("2026-01-02T09:00:00", now) == "3 h"  # naive: UTC
+    assert age_text("2025-12-31T12:00:00+00:00", now) == "2 d"
+    assert age_text("not a time", now) == "?"
