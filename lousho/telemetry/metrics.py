@@ -105,13 +105,15 @@ class StoreCollector:
             keys, client = self.store.keys, self.store.client
             with redis_errors(client, "count the pending approvals"):
                 pipe = client.pipeline(transaction=False)
-                pipe.zcard(keys.pending_approvals)
-                pipe.zrange(keys.pending_approvals, 0, 0, withscores=True)
-                pipe.time()
-                count, oldest, (seconds, micros) = pipe.execute()
+                for shard in keys.shards("approvals:pending"):  # one key, or one per slot on a Cluster (issue #18)
+                    pipe.zcard(shard)
+                    pipe.zrange(shard, 0, 0, withscores=True)
+                replies = pipe.execute()
+                seconds, micros = cast(tuple[int, int], client.time())
             now_ms = int(seconds) * 1000 + int(micros) // 1000
-            created_ms = [int(score) for _, score in oldest if score > 0]
-            return int(count), max(0.0, (now_ms - created_ms[0]) / 1000) if created_ms else 0.0
+            count = sum(int(n) for n in replies[0::2])
+            created_ms = sorted(int(score) for oldest in replies[1::2] for _, score in oldest if score > 0)
+            return count, max(0.0, (now_ms - created_ms[0]) / 1000) if created_ms else 0.0
         pending = self.store.approvals.pending()
         if not isinstance(pending, Iterable):  # an async store's: not read from a scrape
             close = getattr(pending, "close", None)
@@ -125,9 +127,13 @@ class StoreCollector:
         keys, client = store.keys, store.client
         with redis_errors(client, "count the in-flight and parked sessions"):
             pipe = client.pipeline(transaction=False)
-            pipe.zcard(keys.inflight)
-            pipe.hlen(keys.parked)
-            in_flight, parked = pipe.execute()
+            inflight_shards = keys.shards("inflight")  # one key, or one per slot on a Cluster (issue #18)
+            for shard in inflight_shards:
+                pipe.zcard(shard)
+            for shard in keys.shards("parked"):
+                pipe.hlen(shard)
+            sizes = [int(n) for n in pipe.execute()]
+            in_flight, parked = sum(sizes[: len(inflight_shards)]), sum(sizes[len(inflight_shards) :])
         yield GaugeMetricFamily("lousho_sessions_in_flight", "Sessions the fleet is moving", value=in_flight)
         yield GaugeMetricFamily("lousho_sessions_parked", "Sessions parked until a human resumes them", value=parked)
         helps = {
@@ -146,7 +152,10 @@ def _redis_statuses(store: RedisStore) -> dict[str, int]:
     with redis_errors(client, "count sessions by status"):
         heads = [key for key in client.scan_iter(match=store.keys.head_pattern, count=1000)]
         for start in range(0, len(heads), _MGET_CHUNK):
-            for raw in cast(list[bytes | str | None], client.mget(heads[start : start + _MGET_CHUNK])):
+            pipe = client.pipeline(transaction=False)  # GETs, not MGET: on a Cluster heads span slots (issue #18)
+            for head in heads[start : start + _MGET_CHUNK]:
+                pipe.get(head)
+            for raw in cast(list[bytes | str | None], pipe.execute()):
                 status = status_of(raw) if raw is not None else None
                 if status is not None:
                     counts[status] = counts.get(status, 0) + 1

@@ -28,6 +28,7 @@ from lousho.scheduler import Client, reap_once
 from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_slots import key_slot, shard_tags
+from lousho.telemetry.metrics import StoreCollector
 from lousho.testing.redis_cluster import RedisClusterNodes, cluster_binaries
 from lousho.worker import FleetSettings, broker_url
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
@@ -154,6 +155,11 @@ def shard_holds_only_its_slot(client: redis.Redis, shard: str, index: str, sessi
     return all(key_slot(f"{prefix}{{{m}}}:cp") == slot for m in members)
 
 
+def gauge(store: RedisStore, name: str) -> float:
+    """One of the metrics collector's gauges, as a scrape would read it now."""
+    return next(m.samples[0].value for m in StoreCollector(store).collect() if m.name == name)
+
+
 def assert_no_global_key(fleet: Fleet) -> None:
     reap_once(fleet.store, fleet.client.app, FleetSettings(queue=fleet.queue, reaper_interval_s=0.3))
     assert global_keys(fleet) == []
@@ -176,6 +182,7 @@ def test_a_fleet_on_a_cluster_store_finishes_every_session_when_a_worker_is_kill
     inflight = fleet.store.keys.inflight_of("slow")
     assert fleet.redis.zscore(inflight, "slow") is not None  # its deadline, in the shard of its own slot
     assert key_slot(inflight) == key_slot(fleet.store.keys.head("slow")) and inflight != f"{fleet.prefix}inflight"
+    assert gauge(fleet.store, "lousho_sessions_in_flight") >= 1  # the metrics read every shard
     fleet.start_worker()
     fleet.wait_for([*sessions, "slow"], timeout_s=90)
 
@@ -185,6 +192,7 @@ def test_a_fleet_on_a_cluster_store_finishes_every_session_when_a_worker_is_kill
     assert set(runs.values()) == {1}
     assert all("CROSSSLOT" not in w.log() for w in [*workers, *fleet.workers])
     assert sorted(fleet.client.sessions("finished")) == sorted([*sessions, "slow"])  # SCAN over every primary
+    assert gauge(fleet.store, "lousho_sessions_in_flight") == 0
     assert_no_global_key(fleet)
 
 
