@@ -4,7 +4,8 @@ Configured by environment variables (set by `bench.fleet`): `LOUSHO_BENCH_REDIS`
 `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`, and optionally `LOUSHO_BENCH_LEASE_TTL_S` /
 `LOUSHO_BENCH_REAPER_S` (default: `FleetSettings()`'s), `LOUSHO_BENCH_OUTBOX=0` (every step sent
 through `app.send_task`, for the latency benchmark's reference row) and `LOUSHO_BENCH_TRACE=1`
-(record every task start, for the recovery benchmark).
+(record every task start, for the recovery benchmark), `LOUSHO_BENCH_BROKER` (a broker other than
+the store's Redis: RabbitMQ, `bench.broker`).
 
 The model is a `ScriptedProvider(by_turn=True)` with zero latency: a session's first user
 message says how many tool turns it runs (`turns=<n>`), and optionally that its first tool
@@ -94,7 +95,12 @@ agent = Agent(
 )
 provider = ScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True)
 app = create_app(
-    agents=[agent], store=store, broker=broker_url(URL), provider=provider, settings=SETTINGS, on_event=on_event
+    agents=[agent],
+    store=store,
+    broker=os.environ.get("LOUSHO_BENCH_BROKER") or broker_url(URL),
+    provider=provider,
+    settings=SETTINGS,
+    on_event=on_event,
 )
 
 if os.environ.get("LOUSHO_BENCH_TRACE"):

@@ -3,7 +3,8 @@
 Same broker and the very settings a lousho app runs with (`celery_config`: JSON, acks_late,
 reject on worker lost, prefetch 1, task events on), served by the same kind of worker (solo
 pool). A chain of `hops` tasks ends by pushing `{"chain", "t"}` to `<prefix>bench:floor-done`.
-Configured by `LOUSHO_BENCH_REDIS`, `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`.
+Configured by `LOUSHO_BENCH_REDIS`, `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`, and `LOUSHO_BENCH_BROKER`
+(a broker other than that Redis: RabbitMQ, `bench.broker`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ SETTINGS = FleetSettings(queue=os.environ["LOUSHO_BENCH_QUEUE"])
 HOP = "bench.hop"
 
 app = Celery("lousho-floor", set_as_current=False)
-app.conf.update(celery_config(broker_url(URL), SETTINGS))
+app.conf.update(celery_config(os.environ.get("LOUSHO_BENCH_BROKER") or broker_url(URL), SETTINGS))
 redis = redis_py.Redis.from_url(URL)
 
 
