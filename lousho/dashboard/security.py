@@ -26,13 +26,16 @@ def csrf_token(request: Request) -> str:
     token = request.cookies.get(CSRF_COOKIE)
     if token and len(token) >= 32:
         return token
-    new: str = request.state.__dict__.setdefault("new_csrf_token", secrets.token_urlsafe(32))
+    new: str | None = getattr(request.state, "new_csrf_token", None)
+    if new is None:
+        new = secrets.token_urlsafe(32)
+        request.state.new_csrf_token = new
     return new
 
 
 def remember_token(request: Request, response: Response) -> None:
     """Set the cookie when this request made a new token."""
-    token = request.state.__dict__.get("new_csrf_token")
+    token = getattr(request.state, "new_csrf_token", None)
     if token:
         path = request.scope.get("root_path") or "/"
         response.set_cookie(CSRF_COOKIE, token, httponly=True, samesite="strict", path=path)
@@ -45,7 +48,9 @@ async def check_post(request: Request, *, read_only: bool) -> None:
     if request.headers.get("sec-fetch-site") == "cross-site":
         raise HTTPException(403, "a request from another site is refused (Sec-Fetch-Site: cross-site)")
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
+    # Behind a proxy the public host may come as X-Forwarded-Host; a cross-site form cannot set either header.
+    hosts = {request.headers.get("host"), request.headers.get("x-forwarded-host")} - {None}
+    if origin and origin != "null" and urlsplit(origin).netloc not in hosts:
         raise HTTPException(403, f"a request from another origin ({origin}) is refused")
     form = await request.form()
     sent, kept = form.get(CSRF_FIELD), request.cookies.get(CSRF_COOKIE)
