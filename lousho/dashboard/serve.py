@@ -23,8 +23,11 @@ def dashboard_of(settings: LoushoSettings, *, read_only: bool = False) -> FastAP
     from lousho.stores.redis import RedisStore
 
     store = settings.store()
-    client = settings.client() if isinstance(store, RedisStore) else None
-    return create_dashboard(client.store if client else store, client=client, read_only=read_only)
+    if not isinstance(store, RedisStore):
+        return create_dashboard(store, read_only=read_only)
+    store.close()  # the fleet's store is the Client's (with its in-flight deadline), as `lousho approve` uses it
+    client = settings.client()
+    return create_dashboard(client.store, client=client, read_only=read_only)
 
 
 def serve_dashboard(settings: LoushoSettings, *, host: str, port: int, read_only: bool) -> None:
