@@ -27,7 +27,7 @@ from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
-from lousho.telemetry.hooks import requeueing
+from lousho.telemetry.hooks import instrument_fleet, requeueing
 
 __all__ = ["Requeue", "reap_once", "run_reaper", "sweep_dead_workers"]
 
@@ -115,6 +115,7 @@ def run_reaper(
     sweep for dead worker processes every `death_check_interval_s` (0: none; issue #20). `on_requeued` sees
     the sessions each pass or sweep requeued."""
     stop = stop or threading.Event()
+    instrument_fleet()  # LOUSHO_TRACES in the reaper's environment: its requeues are traced (issue #19)
     watch, done, next_pass = DeathWatch(FleetKeys(store)), 0, time.monotonic()
     tick = min(settings.reaper_interval_s, settings.death_check_interval_s or settings.reaper_interval_s)
     while (passes is None or done < passes) and not stop.is_set():
