@@ -103,12 +103,18 @@ def _inflight(store: Any, now_ms: int) -> list[InflightRow]:
             InflightRow(
                 session_id=session_id,
                 due_in_s=(deadline_ms - now_ms) / 1000,
-                lease_holder=text(holder) if holder is not None else None,
+                lease_holder=_holder(text(holder)) if holder is not None else None,
                 lease_left_s=left_ms / 1000 if left_ms >= 0 else None,
                 requeue_pending=requeued,
             )
         )
     return rows
+
+
+def _holder(token: str) -> str:
+    """A lease token is '<pid>-<random>' (`lousho.worker.leases.Lease`): the holder's pid is what an operator needs."""
+    pid, sep, _ = token.partition("-")
+    return f"pid {pid}" if sep and pid.isdigit() else token
 
 
 def _running(store: Any, now_ms: int) -> list[RunningCallRow]:
