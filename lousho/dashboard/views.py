@@ -18,6 +18,7 @@ from lousho.fingerprint import Drift, diff_fingerprints
 from lousho.messages import Message
 from lousho.scheduler.client import Client
 from lousho.store_bundle import StoreBundle
+from lousho.subagents import child_session_id
 from lousho.stores.listing import Listing, read_each
 
 __all__ = [
@@ -194,7 +195,7 @@ def transcript_turns(checkpoint: Checkpoint, sub_ids: set[str] | None = None) ->
             answer = results.get(call.id)
             if answer is not None:
                 shown.result, shown.has_result = _content(answer), True
-            sub = f"{checkpoint.session_id}.sub-{call.id}"
+            sub = child_session_id(checkpoint.session_id, call)  # as the sub-agent's run names its session
             shown.sub_session = sub if sub in subs else None
             turns[-1].calls.append(shown)
     return turns
