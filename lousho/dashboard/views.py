@@ -18,8 +18,8 @@ from lousho.fingerprint import Drift, diff_fingerprints
 from lousho.messages import Message
 from lousho.scheduler.client import Client
 from lousho.store_bundle import StoreBundle
-from lousho.subagents import child_session_id
 from lousho.stores.listing import Listing, read_each
+from lousho.subagents import child_session_id
 
 __all__ = [
     "STATUSES",
