@@ -125,9 +125,9 @@ class PayloadCodec:
             packed = self._zstd.compress(plain) if self._zstd else _deflate(plain)
             if len(packed) < len(plain):
                 flag, body = (_ZSTD if self._zstd else _COMPRESSED), packed
+        if self._writer is None:  # compression only: a payload it did not shrink stays plain JSON
+            return self._headers[flag] + body if flag else plain
         header = self._headers[flag]
-        if self._writer is None:
-            return header + body
         nonce = os.urandom(_NONCE_BYTES)
         sealed: bytes = self._writer.encrypt(nonce, body, header)
         return header + nonce + sealed
@@ -179,9 +179,10 @@ class PayloadCodec:
 
     def encode_text(self, plain: str) -> str:
         """`plain` as text a text column, a JSON line or a JSON string can hold."""
-        if not self._active:
+        encoded = self.encode(plain.encode()) if self._active else b""
+        if not encoded.startswith(MAGIC):  # off, or a payload compression did not shrink: plain JSON
             return plain
-        return TEXT_MARK + base64.b64encode(self.encode(plain.encode())).decode("ascii")
+        return TEXT_MARK + base64.b64encode(encoded).decode("ascii")
 
     def decode_text(self, stored: str | bytes) -> str:
         """The plain text of a stored value (text or bytes, encoded as text, as bytes, or plain)."""
@@ -203,11 +204,16 @@ class PayloadCodec:
 
     def seal_head(self, checkpoint: Checkpoint) -> str:
         """The checkpoint's JSON without messages: `PLAIN_FIELDS` as they are, the rest in `"$sealed"`."""
-        if not self.active:
+        if not self._active:
+            return checkpoint.model_dump_json(exclude={"messages"})
+        secret = checkpoint.model_dump_json(exclude={"messages", *PLAIN_FIELDS})
+        if self._writer is None and len(secret) < _MIN_COMPRESS_BYTES:  # no key, and too small to compress
+            return checkpoint.model_dump_json(exclude={"messages"})
+        sealed = self.encode_text(secret)
+        if not sealed.startswith(TEXT_MARK):  # no key, and compression did not shrink it: the head as it is
             return checkpoint.model_dump_json(exclude={"messages"})
         plain = checkpoint.model_dump_json(include=set(PLAIN_FIELDS))
-        secret = checkpoint.model_dump_json(exclude={"messages", *PLAIN_FIELDS})
-        return plain[:-1] + ',"' + SEALED + '":"' + self.encode_text(secret) + '"}'  # base64: nothing to escape
+        return plain[:-1] + ',"' + SEALED + '":"' + sealed + '"}'  # base64: nothing to escape
 
     def open_fields(self, data: dict[str, Any]) -> dict[str, Any]:
         """A head's JSON fields with its `"$sealed"` part opened and merged back (the dict is changed)."""

@@ -142,9 +142,9 @@ def test_each_compression_reads_back_in_a_store_of_the_other(compress: str) -> N
 
 
 def test_a_compressed_only_payload_reads_in_a_store_without_a_codec() -> None:
-    encoded = PayloadCodec(compress=True).encode_text('{"a": "' + "x" * 200 + '"}')
+    encoded = PayloadCodec(compress=True).encode_text('{"a": "' + "x" * 400 + '"}')
     assert encoded.startswith(TEXT_MARK)
-    assert PLAIN.decode_text(encoded) == '{"a": "' + "x" * 200 + '"}'
+    assert PLAIN.decode_text(encoded) == '{"a": "' + "x" * 400 + '"}'
 
 
 def test_a_damaged_payload_is_a_decode_error() -> None:
@@ -278,3 +278,14 @@ def test_a_redis_client_that_decodes_replies_to_text_is_refused_with_the_codec(r
         RedisStore(client)  # without the codec it is the client it always was
     finally:
         client.close()
+
+
+def test_compression_alone_keeps_a_head_plain_unless_its_state_is_worth_compressing() -> None:
+    codec = PayloadCodec(compress=True)
+    small = Checkpoint(session_id=SESSION, version=1, business_state={"turn": 1})
+    assert SEALED not in codec.seal_head(small)  # nothing secret without a key, nothing to gain
+    big = small.model_copy(update={"business_state": {"rows": ["the same row"] * 200}})
+    head = json.loads(codec.seal_head(big))
+    assert head[SEALED].startswith(TEXT_MARK) and head["status"] == "in-progress"
+    assert codec.open_fields(head)["business_state"] == big.business_state
+    assert codec.encode_text('{"a": 1}') == '{"a": 1}'  # too small to compress: stays plain JSON
