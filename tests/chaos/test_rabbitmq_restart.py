@@ -41,7 +41,7 @@ from tests.chaos.harness import (
 )
 from tests.fixtures.rabbitmq import amqp_fleet, delete_queues
 
-SESSIONS = pick(12, 60)
+SESSIONS = pick(8, 60)
 RESTARTS = pick(["stop"], ["stop", "SIGKILL", "stop"])
 ROOT = str(Path(__file__).resolve().parents[2])
 

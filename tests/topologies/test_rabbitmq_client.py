@@ -15,6 +15,7 @@ import pytest
 from lousho import Message
 from lousho.errors import StoreUnavailableError
 from lousho.scheduler import Client
+from lousho.settings import LoushoSettings
 from lousho.worker import FleetSettings
 from tests.fleet.conftest import Fleet, tool_turn
 
@@ -79,3 +80,16 @@ def test_a_resume_while_the_broker_is_down_raises_nothing_and_the_session_stays_
     offline.app.close()
     assert fleet.client.status("re").status == "in-progress"
     assert "re" in [session for session, _ in fleet.client.inflight.due(due_before_ms=10**15, limit=100)]
+
+
+def test_lousho_broker_url_names_the_broker_of_every_app_and_is_never_shown_with_its_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LOUSHO_BROKER_URL", "amqp://fleet:secret-pw@rabbitmq:5672//")
+    monkeypatch.setenv("LOUSHO_REDIS_URL", "redis://127.0.0.1:6379/0")
+    settings = LoushoSettings()
+    assert settings.broker() == "amqp://fleet:secret-pw@rabbitmq:5672//"  # not the Redis
+    assert settings.env()["LOUSHO_BROKER_URL"] == "amqp://fleet:secret-pw@rabbitmq:5672//"  # a worker gets it
+    assert "secret-pw" not in repr(settings) and "secret-pw" not in repr(settings.env())
+    monkeypatch.delenv("LOUSHO_BROKER_URL")
+    assert LoushoSettings().broker() == "redis://127.0.0.1:6379/0"  # unset: the Redis is the broker
