@@ -17,6 +17,7 @@ store = open_store("mystore://bucket")
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -68,8 +69,22 @@ def open_store(url: str, *, prefix: str = "lousho:", codec: PayloadCodec | None 
     opener = _resolve(entry.opener)
     codec = PayloadCodec.from_env() if codec is None else codec
     if codec.active:
+        if not _takes_codec(opener):
+            raise ConfigurationError(
+                f"the store opener of {scheme!r} takes no codec, but LOUSHO_PAYLOAD_KEYS or LOUSHO_PAYLOAD_COMPRESS "
+                "turns the payload codec on: give the opener a `codec` keyword, or unset them (issue #17)"
+            )
         return opener(url, prefix=prefix, codec=codec)  # type: ignore[call-arg]
     return opener(url, prefix=prefix)
+
+
+def _takes_codec(opener: StoreOpener) -> bool:
+    """Whether `opener` accepts `codec=` (the built-in ones do; one registered before issue #17 may not)."""
+    try:
+        parameters = inspect.signature(opener).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the call say
+        return True
+    return any(p.name == "codec" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _resolve(opener: StoreOpener | str) -> StoreOpener:

@@ -289,3 +289,22 @@ def test_compression_alone_keeps_a_head_plain_unless_its_state_is_worth_compress
     assert head[SEALED].startswith(TEXT_MARK) and head["status"] == "in-progress"
     assert codec.open_fields(head)["business_state"] == big.business_state
     assert codec.encode_text('{"a": 1}') == '{"a": 1}'  # too small to compress: stays plain JSON
+
+
+def test_every_built_in_store_url_opens_with_the_codec_and_an_opener_without_it_is_refused(tmp_path: Path) -> None:
+    from lousho.stores import registry
+
+    for scheme in registry.store_schemes():
+        opener = registry._resolve(registry._OPENERS[scheme].opener)
+        assert registry._takes_codec(opener), f"the opener of {scheme!r} takes no codec= (issue #17)"
+    store = registry.open_store(f"sqlite:///{tmp_path}/c.db", codec=codec_of("k1"))
+    assert store.codec.keys == {"k1": KEY_1}
+    store.close()
+
+    registry.register_store("nocodec", lambda url, *, prefix="lousho:": SqliteStore(tmp_path / "n.db"), example="x")
+    try:
+        with pytest.raises(ConfigurationError, match="takes no codec"):
+            registry.open_store("nocodec://x", codec=codec_of("k1"))
+        registry.open_store("nocodec://x", codec=PLAIN).close()  # the codec off: opened as before
+    finally:
+        registry._OPENERS.pop("nocodec")
