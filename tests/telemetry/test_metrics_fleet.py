@@ -116,6 +116,23 @@ def test_a_scrape_after_a_fleet_run_counts_its_turns_calls_and_the_requeue_of_a_
     assert value(scraped, "lousho_lease_takeovers_total") == 0
     assert value(scraped, "lousho_poison_results_total") == 0
 
+    # The fleet goes on: m3's charge is approved, runs, and m3 finishes; the next scrape follows.
+    (approval,) = fleet.store.approvals.pending()
+    fleet.client.resolve_approval(approval.id, approved=True)
+    fleet.wait_for(["m3"])
+    with lousho_metrics(redis_url, fleet.prefix, folder) as url:
+        later = scrape(url)
+    assert fleet.counts("runs")["m3-pay"] == 1
+    assert value(later, "lousho_step_seconds_count", kind="model_turn") == 7
+    assert value(later, "lousho_step_seconds_count", kind="model_turn", outcome="finished") == 3
+    assert value(later, "lousho_step_seconds_count", kind="advance") == len(requeued) + 1  # the approval's
+    not_run = sum(value(later, "lousho_step_seconds_count", kind="tool_call", outcome=o) for o in NOT_RUN)
+    assert value(later, "lousho_step_seconds_count", kind="tool_call") - not_run == sum(fleet.counts("runs").values()) - 1
+    assert value(later, "lousho_sessions", status="finished") == 3
+    assert value(later, "lousho_sessions", status="awaiting-approval") == 0
+    assert value(later, "lousho_approvals_waiting") == 0
+    assert value(later, "lousho_approval_oldest_age_seconds") == 0
+
 
 def test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port(
     fleet: Fleet, tmp_path: Path, redis_url: str
