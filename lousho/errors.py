@@ -28,6 +28,7 @@ __all__ = [
     "ProviderError",
     "ResumeToolMissingError",
     "SDKError",
+    "SaveNotReplicatedError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
     "SessionNotFoundError",
@@ -197,6 +198,14 @@ class StoreUnavailableError(SDKError):
     """The store's backend (Redis, a database, a folder) could not be reached or written."""
 
     code = "LOUSHO_STORE_UNAVAILABLE"
+
+
+class SaveNotReplicatedError(StoreUnavailableError):
+    """A write the primary applied, but fewer replicas than `min_replicas_acked` confirmed within the
+    timeout (Redis `WAIT`, issue #18). It may or may not survive a failover: the caller must not count
+    it as done. Load the session to see whether it stands; check the replicas (`INFO replication`)."""
+
+    code = "LOUSHO_SAVE_NOT_REPLICATED"
 
 
 class StoreAuthenticationError(SDKError):

@@ -67,6 +67,14 @@ class FleetSettings:
     `Client`s, the reaper): RabbitMQ refuses to declare a queue again with another type. Not needed for
     correctness (a lost message costs a reaper pass) and ignored on Redis (docs/topologies.md, issue #18)."""
 
+    min_replicas_acked: int = 0
+    """Each save of the fleet (a worker's, a `Client`'s) returns only once Redis `WAIT` says this many replicas
+    have it; fewer within `replica_ack_timeout_ms` fail the step with `SaveNotReplicatedError` (the reaper sends
+    the session again). For a Sentinel or replicated store: a failover then loses no acknowledged save
+    (docs/topologies.md, issue #18). 0: the store's own setting (`RedisStore(min_replicas_acked=...)`)."""
+    replica_ack_timeout_ms: int = 1000
+    """How long a save waits for `min_replicas_acked` replicas."""
+
     @property
     def requeue_wait_ms(self) -> int:
         """How long a requeue the reaper sent may wait on the queue before it sends another (the first
@@ -120,6 +128,11 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
         "worker_hijack_root_logger": False,
         "beat_schedule": {"lousho-reaper": {"task": TASK_REAP, "schedule": settings.reaper_interval_s}},
     }
+    if broker.lower().startswith("redis+sentinel://"):  # the store's Sentinel URL, in kombu's form (issue #18)
+        from lousho.stores.redis_sentinel import kombu_broker
+
+        config["broker_url"], sentinel_options = kombu_broker(broker)
+        config["broker_transport_options"].update(sentinel_options)
     if settings.quorum_queues:  # the app's own queue and those it names per job (a Client's, the reaper's)
         config.update(task_default_queue_type="quorum", task_create_missing_queue_type="quorum")
     config.update(overrides)

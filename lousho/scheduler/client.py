@@ -59,6 +59,10 @@ class Client:
         self.settings = settings or FleetSettings()
         # An accepted job whose message is lost is requeued by the reaper after a lease's time.
         self.store = store.with_inflight_deadline(self.settings.lease_ttl_ms)
+        if self.settings.min_replicas_acked:  # a job's first save waits for replicas too (issue #18)
+            self.store = self.store.with_replica_ack(
+                self.settings.min_replicas_acked, self.settings.replica_ack_timeout_ms
+            )
         self.inflight = InflightIndex.of(self.store, self.settings.lease_ttl_ms)
         self.keys = FleetKeys(self.store)
         self.registry = WorkerRegistry(self.store)

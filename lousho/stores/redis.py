@@ -30,7 +30,9 @@ from lousho.stores.redis_approvals import RedisApprovalStore
 from lousho.stores.redis_checkpoints import LeaseLostError, RedisCheckpointStore
 from lousho.stores.redis_common import RedisKeys, connect, describe
 from lousho.stores.redis_prune import prune_sessions
-from lousho.stores.redis_slots import CLUSTER_SCHEME, RedisCluster, connect_cluster, is_cluster
+from lousho.stores.redis_replication import ReplicaAck
+from lousho.stores.redis_sentinel import connect_sentinel, is_sentinel_url
+from lousho.stores.redis_slots import CLUSTER_SCHEME, RedisCluster, connect_cluster, is_cluster, keep_slot_map_sound
 
 __all__ = ["LeaseLostError", "RedisApprovalStore", "RedisCheckpointStore", "RedisKeys", "RedisStore", "open_url"]
 
@@ -50,6 +52,12 @@ class RedisStore(SessionsOfCheckpoints):
       new messages); a cold or wrong cache only costs a save that sends the whole transcript.
     - `codec`: compresses and encrypts messages, heads' secret fields, history and approvals
       (`lousho.stores.codec.PayloadCodec`, issue #17); off by default.
+    - `min_replicas_acked`, `replica_ack_timeout_ms`: each save returns only once `WAIT` says that many
+      replicas have it, else raises `SaveNotReplicatedError` (issue #18, `lousho.stores.redis_replication`);
+      0 (the default) does not wait. Not on a Redis Cluster store.
+
+    A URL may name a Redis Sentinel master: `redis+sentinel://host:26379[,host:26379]/<master>[/<db>]`
+    (`lousho.stores.redis_sentinel`), or a Redis Cluster: `redis+cluster://host:port[,host:port]`.
     """
 
     checkpoints: RedisCheckpointStore
@@ -64,6 +72,8 @@ class RedisStore(SessionsOfCheckpoints):
         inflight_deadline_ms: int = 120_000,
         cache_size: int = 1024,
         codec: PayloadCodec = PLAIN,
+        min_replicas_acked: int = 0,
+        replica_ack_timeout_ms: int = 1000,
         **client_options: Any,
     ) -> None:
         if history_limit < 0:
@@ -72,6 +82,8 @@ class RedisStore(SessionsOfCheckpoints):
             raise ConfigurationError(f"ttl_s must be positive (or None for no expiry), not {ttl_s}")
         if isinstance(url_or_client, str) and url_or_client.startswith(CLUSTER_SCHEME):
             self.client = connect_cluster(url_or_client, **client_options)  # issue #18
+        elif isinstance(url_or_client, str) and is_sentinel_url(url_or_client):
+            self.client = connect_sentinel(url_or_client, **client_options)  # issue #18
         elif isinstance(url_or_client, str):
             self.client = connect(url_or_client, **client_options)
         elif isinstance(url_or_client, (redis.Redis, RedisCluster)):
@@ -89,6 +101,11 @@ class RedisStore(SessionsOfCheckpoints):
                 "pass a redis.Redis made without decode_responses=True (issue #17)"
             )
         self.keys = RedisKeys(prefix, per_slot=is_cluster(self.client))
+        if self.keys.per_slot:
+            keep_slot_map_sound(self.client)
+        replica_ack = ReplicaAck(min_replicas=min_replicas_acked, timeout_ms=replica_ack_timeout_ms)
+        if replica_ack.on and self.keys.per_slot:  # WAIT must follow the save on its node's connection
+            raise ConfigurationError("min_replicas_acked is not supported on a Redis Cluster store (issue #18)")
         self.prefix = prefix
         self.history_limit = history_limit
         self.ttl_s = ttl_s
@@ -101,6 +118,7 @@ class RedisStore(SessionsOfCheckpoints):
             inflight_deadline_ms=inflight_deadline_ms,
             cache_size=cache_size,
             codec=codec,
+            replica_ack=replica_ack,
         )
         self.codec = codec
         self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms, codec=codec)
@@ -121,7 +139,26 @@ class RedisStore(SessionsOfCheckpoints):
             inflight_deadline_ms=deadline_ms,
             reader=cps.reader,
             codec=cps.codec,
+            replica_ack=cps.replica_ack,
         )
+        return view
+
+    @property
+    def replica_ack(self) -> ReplicaAck:
+        """How many replicas confirm each save (`WAIT`; 0: none is waited for), issue #18."""
+        return self.checkpoints.replica_ack
+
+    def with_replica_ack(self, min_replicas: int, timeout_ms: int) -> RedisStore:
+        """This store (its client, keys, approvals and cache) whose saves wait for `min_replicas` replicas
+        (`FleetSettings.min_replicas_acked` gives a fleet's store its setting this way, issue #18)."""
+        wanted = ReplicaAck(min_replicas=min_replicas, timeout_ms=timeout_ms)
+        if wanted == self.replica_ack:
+            return self
+        if wanted.on and self.keys.per_slot:
+            raise ConfigurationError("min_replicas_acked is not supported on a Redis Cluster store (issue #18)")
+        view = copy.copy(self)
+        view.checkpoints = copy.copy(self.checkpoints)
+        view.checkpoints.replica_ack = wanted
         return view
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:
@@ -158,5 +195,5 @@ def _decodes_responses(client: Any) -> bool:
 
 
 def open_url(url: str, *, prefix: str = "lousho:", codec: PayloadCodec = PLAIN) -> RedisStore:
-    """`redis://`, `rediss://`, `unix://` or `redis+cluster://` (the store registry's opener)."""
+    """`redis://`, `rediss://`, `unix://`, `redis+cluster://` or `redis+sentinel://` (the store registry's opener)."""
     return RedisStore(url, prefix=prefix, codec=codec)

@@ -53,6 +53,7 @@ from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
+from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
 from lousho.stores.segments import Known, SessionCache, common_prefix
 
 __all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
@@ -146,15 +147,18 @@ class RedisCheckpointStore:
         cache_size: int = 1024,
         reader: CheckpointReader | None = None,
         codec: PayloadCodec = PLAIN,
+        replica_ack: ReplicaAck = NO_REPLICA_ACK,
     ) -> None:
         """`reader`: share another store's cache (`RedisStore.with_inflight_deadline`); else a new one.
-        `codec`: encodes heads' secret fields and messages (issue #17); the reader decodes with it."""
+        `codec`: encodes heads' secret fields and messages (issue #17); the reader decodes with it.
+        `replica_ack`: each save waits for that many replicas (`WAIT`), else `SaveNotReplicatedError` (#18)."""
         self.client = client
         self.keys = keys
         self.history_limit = history_limit
         self.ttl_ms = ttl_ms
         self._inflight_deadline_ms = inflight_deadline_ms
         self.codec = codec
+        self.replica_ack = replica_ack
         self.reader = reader or CheckpointReader(keys, SessionCache(cache_size), codec)
         self._cache = self.reader.cache
         self._save = load_script(client, "save")
@@ -230,11 +234,18 @@ class RedisCheckpointStore:
             *([fence[0]] if fence else []),
         ]
         if and_then is None:
-            reply, after = self._save(keys=keys, args=args), None
+            reply, acked = self.replica_ack.run(self.client, self._save, keys, args)
+            after = None
         else:
-            both = and_then.script(keys=[*keys, *and_then.keys], args=[*args, *and_then.args])
+            both, acked = self.replica_ack.run(
+                self.client, and_then.script, [*keys, *and_then.keys], [*args, *and_then.args]
+            )
             reply, after = both[0], (both[1] if len(both) > 1 else None)
-        return [text(part) if isinstance(part, bytes) else part for part in reply], after
+        reply = [text(part) if isinstance(part, bytes) else part for part in reply]
+        if reply[0] in ("ok", "done") and acked < self.replica_ack.min_replicas:
+            self._cache.drop(request.session_id)  # whether it stands is unknown: the next save sends it all
+            self.replica_ack.check(self.client, acked, f"the save of session {request.session_id!r}")
+        return reply, after
 
     @property
     def inflight_deadline_ms(self) -> int:

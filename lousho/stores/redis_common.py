@@ -163,6 +163,8 @@ def describe(client: Any) -> str:
     """Which Redis a client talks to, for messages: host:port/db or the socket path; never the password."""
     pool = getattr(client, "connection_pool", None)
     kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
+    if getattr(pool, "service_name", None):  # a Sentinel master: whichever server it is now (issue #18)
+        return f"Redis Sentinel master {pool.service_name!r} (db {kwargs.get('db', 0)})"  # type: ignore[union-attr]
     if kwargs.get("path"):
         return f"unix socket {kwargs['path']} (db {kwargs.get('db', 0)})"
     if kwargs.get("host"):

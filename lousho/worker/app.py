@@ -56,7 +56,10 @@ def create_app(
     """
     settings = settings or FleetSettings()
     # A session with no save or heartbeat for a lease's time may have lost its worker.
-    runtime = FleetRuntime.build(agents, store.with_inflight_deadline(settings.lease_ttl_ms), settings, provider)
+    store = store.with_inflight_deadline(settings.lease_ttl_ms)
+    if settings.min_replicas_acked:  # saves wait for replicas (WAIT): none lost in a failover (issue #18)
+        store = store.with_replica_ack(settings.min_replicas_acked, settings.replica_ack_timeout_ms)
+    runtime = FleetRuntime.build(agents, store, settings, provider)
     runtime.on_event = on_event
     if settings.queue is None:  # the app's own queue, named after its agents (issue #15)
         runtime.settings = settings = dataclasses.replace(settings, queue=app_queue(store.prefix, runtime.agents))

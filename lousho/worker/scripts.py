@@ -187,10 +187,12 @@ class FleetScripts:
         commit_args = [field, self._seal(result_json), call_lease.token, run[0], *args, run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
-            reply = self._commit(keys=commit_keys, args=commit_args)
+            reply, acked = self.store.replica_ack.run(self.client, self._commit, commit_keys, commit_args)
         call_lease.held = False
         if int(reply[0]) < 0:
             raise SessionSupersededError(session_id, f"the result of call {field!r}")
+        # a result a failover may lose is not done: the step fails, the session's lease expires (issue #18)
+        self.store.replica_ack.check(self.client, acked, f"the result of call {field!r} of session {session_id!r}")
         try:
             return self._begun(session_id, lease, reply, started, known)
         except CorruptCheckpointError:
@@ -247,8 +249,11 @@ class FleetScripts:
     def commit_result(self, session_id: str, epoch: str, field: str, result_json: str) -> bool:
         """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""
         keys = [self.keys.epoch(session_id), self.keys.results(session_id)]
+        args = [epoch, "commit", field, self._seal(result_json)]
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
-            return int(self._guarded(keys=keys, args=[epoch, "commit", field, self._seal(result_json)])) == 1
+            reply, acked = self.store.replica_ack.run(self.client, self._guarded, keys, args)
+        self.store.replica_ack.check(self.client, acked, f"the result of call {field!r} of session {session_id!r}")
+        return int(reply) == 1
 
     def count(self, session_id: str, epoch: str, attempt_field: str, by: int = 1) -> int:
         """Count `by` more starts of `attempt_field` (the field goes when it reaches 0); -1 when the
