@@ -16,7 +16,9 @@ dropped when the run finishes, so the session's next run is a trace of its own.
 
 Attributes: `lousho.session_id`, `lousho.turn`, `lousho.tool`, `lousho.tool_call_id`,
 `lousho.attempt`, `lousho.reason` (an advance's), `lousho.outcome` (what the task returned), `lousho.parent`
-(`header`: the parent came in the task's headers; `run`: from the session's trace hash).
+(`header`: the parent came in the task's headers; `run`: from the session's trace hash). A task sent
+from a traced web request (`Client.enqueue` in a request's span) carries that span in `lousho_caller`: the
+run's root links to it (a run is a trace of its own), as does the hop of a run under way (an approval's).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ except ImportError as exc:  # an optional extra: say how to get it where it is f
     raise missing_extra("otel", "traces", exc) from exc
 
 __all__ = [
+    "CALLER_HEADER",
     "Hop",
     "current_provider",
     "end_hop",
@@ -58,6 +61,8 @@ __all__ = [
 TRACE_KEPT_S = 7 * 24 * 3600
 """How long a run's trace hash outlives its last hop (unless the store's `ttl_s` is shorter)."""
 SPAN_NAMES = {TASK_MODEL_TURN: "lousho.model_turn", TASK_TOOL_CALL: "lousho.tool_call", TASK_ADVANCE: "lousho.advance"}
+CALLER_HEADER = "lousho_caller"
+"""The traceparent of the span current where a task was sent from outside the fleet (a web request's)."""
 _RUN_OVER = ("finished", "unknown-session")
 """Outcomes after which the session's next hop belongs to a new run (a new trace)."""
 
@@ -155,25 +160,39 @@ def start_hop(store: RedisStore, task_name: str, task_id: str, args: Any, reques
     header = getattr(request, "traceparent", None)
     carried = {"traceparent": str(header), "tracestate": str(getattr(request, "tracestate", None) or "")}
     parent = _W3C.extract(carried) if header else None
+    caller = _caller_links(request)
     if root is not None:
         root_context = _W3C.extract({"traceparent": text(root)})
     else:
-        root_context = parent if parent is not None else _start_run(session_id)
+        root_context = parent if parent is not None else _start_run(session_id, caller)
         _keep_root(store, key, root_context)
+        caller = []  # linked from the run's root
     span = _tracer().start_span(
         SPAN_NAMES.get(task_name, task_name),
         context=parent if parent is not None else root_context,
         kind=SpanKind.CONSUMER,
         # lousho.parent: whether the hop's parent came in its task's headers, or from its run (issue #19)
         attributes={**attributes, "lousho.attempt": int(attempt), "lousho.parent": "header" if header else "run"},
+        links=caller,
     )
     attached = otel_context.attach(trace.set_span_in_context(span))
     return Hop(span, store, session_id, attached, _next_parent.set(root_context))
 
 
-def _start_run(session_id: str) -> Context:
-    """The run's root span, in a trace of its own; it ends at once (a run outlives any process)."""
-    root = _tracer().start_span("lousho.run", context=Context(), attributes={"lousho.session_id": session_id})
+def _caller_links(request: Any) -> list[trace.Link]:
+    """A link to the span that sent the task from outside the fleet (`CALLER_HEADER`), if any."""
+    caller = getattr(request, CALLER_HEADER, None)
+    if not caller:
+        return []
+    context = trace.get_current_span(_W3C.extract({"traceparent": str(caller)})).get_span_context()
+    return [trace.Link(context)] if context.is_valid else []
+
+
+def _start_run(session_id: str, caller: list[trace.Link]) -> Context:
+    """The run's root span, in a trace of its own (linked to the span that enqueued it, if traced); it ends
+    at once (a run outlives any process)."""
+    attributes = {"lousho.session_id": session_id}
+    root = _tracer().start_span("lousho.run", context=Context(), attributes=attributes, links=caller)
     root.end()
     return trace.set_span_in_context(root)
 
@@ -202,10 +221,19 @@ def end_hop(hop: Hop, outcome: str, failed: bool = False) -> None:
 
 
 def inject_next_parent(headers: dict[str, Any]) -> None:
-    """Put the context the task being sent is a child of into its headers (`before_task_publish`)."""
+    """Put the context the task being sent is a child of into its headers (`before_task_publish`). Sent from
+    outside a hop (a web app's `Client.enqueue`, `resolve_approval`) while a span is current, that span goes
+    in `CALLER_HEADER`: the run's root (or, for a run under way, the hop) links to it."""
     parent = _next_parent.get()
-    if parent is not None and headers is not None:
+    if headers is None or headers.get("task") not in SPAN_NAMES:
+        return
+    if parent is not None:
         _W3C.inject(headers, context=parent)
+    elif trace.get_current_span().get_span_context().is_valid:
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier)
+        if "traceparent" in carrier:
+            headers[CALLER_HEADER] = carrier["traceparent"]
 
 
 @contextmanager

@@ -33,6 +33,8 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     events: list[str]
     service: str
+    links: list[tuple[str, str]]
+    """(trace id, span id) of each span it links to."""
 
 
 @dataclass
@@ -59,6 +61,7 @@ class OtlpReceiver:
                             attributes={a.key: _value(a.value) for a in span.attributes},
                             events=[event.name for event in span.events],
                             service=resource.get("service.name", ""),
+                            links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
                         )
                     )
         with self.lock:

@@ -13,8 +13,14 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import Tracer
 
 from lousho import Message
+from lousho.telemetry import hooks
 from lousho.telemetry.counters import FleetCounters
 from lousho.telemetry.traces import trace_key
 from lousho.testing.workers import start_worker
@@ -43,6 +49,19 @@ def lousho_reaper(fleet: Fleet, redis_url: str, env: dict[str, str], log: Path) 
         process.wait(timeout=15)
 
 
+@contextmanager
+def traced_web_app(receiver: OtlpReceiver) -> Iterator[Tracer]:
+    """This process traces as a web app would (its own provider, lousho's hooks on), to the receiver."""
+    provider = TracerProvider(resource=Resource.create({"service.name": "test-web"}))
+    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.base_url}/v1/traces")))
+    hooks.enable(traces=provider)
+    try:
+        yield provider.get_tracer("test-web")
+    finally:
+        hooks.disable()
+        provider.shutdown()
+
+
 def wait_for_spans(receiver: OtlpReceiver, session_id: str, done: str, timeout_s: float = 30.0) -> list[ReceivedSpan]:
     """The session's spans, once the span of its finishing hop (named `done`) has come in."""
     deadline = time.monotonic() + timeout_s
@@ -66,7 +85,8 @@ def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigk
         fleet.start_worker(**env)
     with lousho_reaper(fleet, redis_url, env, tmp_path / "reaper.log"):  # the reaper traces too, from its env
         fleet.client.enqueue("jobs", "job t1", session_id="t1")
-        fleet.client.enqueue("jobs", "job t2", session_id="t2")
+        with traced_web_app(otlp_receiver) as web, web.start_as_current_span("POST /jobs") as request_span:
+            fleet.client.enqueue("jobs", "job t2", session_id="t2")  # in a traced web request; t1 was not
         victim = fleet.worker_with_pid(fleet.pid_running("t1-a"))
         time.sleep(0.5)  # what it finished before (its model turn, maybe) is exported: it dies in t1-a only
         victim.kill(signal.SIGKILL)
@@ -80,7 +100,12 @@ def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigk
     assert len({s.trace_id for s in spans}) == 1
     assert {s.trace_id for s in others} != {s.trace_id for s in spans} and len({s.trace_id for s in others}) == 1
     (root,) = [s for s in spans if s.name == "lousho.run"]
-    assert root.parent_id == ""
+    assert root.parent_id == "" and root.links == []
+    # t2's run is a trace of its own, its root linked to the web request that enqueued it.
+    (other_root,) = [s for s in others if s.name == "lousho.run"]
+    request = request_span.get_span_context()
+    assert other_root.links == [(f"{request.trace_id:032x}", f"{request.span_id:016x}")]
+    assert other_root.trace_id != f"{request.trace_id:032x}" and other_root.parent_id == ""
     by_name: dict[str, list[ReceivedSpan]] = {}
     for span in spans:
         by_name.setdefault(span.name, []).append(span)
