@@ -186,12 +186,24 @@ class Transport(redis.Transport):
     Channel = Channel
 
 
+class SentinelChannel(Channel, redis.SentinelChannel):
+    """kombu's Sentinel channel (its pool follows the master) taking in only what it can deliver (issue #18)."""
+
+
+class SentinelTransport(redis.SentinelTransport):
+    """kombu's Redis Sentinel transport with `SentinelChannel`."""
+
+    Channel = SentinelChannel
+
+
 class Connection(KombuConnection):
-    """kombu's connection, with `Transport` wherever kombu would use its Redis transport (not for
-    Sentinel, nor any other broker)."""
+    """kombu's connection, with `Transport` wherever kombu would use its Redis transport, and
+    `SentinelTransport` for its Sentinel one (issue #18); any other broker's is kombu's."""
 
     def get_transport_cls(self) -> Any:
         transport = super().get_transport_cls()  # type: ignore[no-untyped-call]  # kombu's is untyped
+        if transport is redis.SentinelTransport:
+            return SentinelTransport
         return Transport if transport is redis.Transport else transport
 
 

@@ -13,7 +13,7 @@ import pytest
 from kombu.transport import memory, redis
 
 from lousho import Message
-from lousho.worker.transport import REJECTED_KEPT, Connection, Transport, rejected_key
+from lousho.worker.transport import REJECTED_KEPT, Channel, Connection, Transport, rejected_key
 from tests.fleet.conftest import Fleet, tool_turn
 
 RUN = uuid.uuid4().hex[:8]
@@ -147,8 +147,13 @@ def test_a_lousho_connection_to_redis_uses_the_screening_transport_whatever_the_
     assert issubclass(Transport, redis.Transport)
 
 
-@pytest.mark.parametrize(
-    ("url", "transport"), [("memory://", memory.Transport), ("sentinel://localhost:26379", redis.SentinelTransport)]
-)
+def test_a_lousho_connection_through_sentinel_screens_its_queue_too() -> None:
+    transport = Connection("sentinel://localhost:26379;sentinel://localhost:26380").get_transport_cls()
+    assert issubclass(transport, redis.SentinelTransport)  # kombu's pool that follows the master (issue #18)
+    assert issubclass(transport.Channel, redis.SentinelChannel)
+    assert transport.Channel._take_in is Channel._take_in  # noqa: SLF001 -- the screening's own method
+
+
+@pytest.mark.parametrize(("url", "transport"), [("memory://", memory.Transport)])
 def test_a_lousho_connection_to_another_broker_keeps_kombus_transport(url: str, transport: type) -> None:
     assert Connection(url).get_transport_cls() is transport

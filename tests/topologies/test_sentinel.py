@@ -33,6 +33,7 @@ from lousho.stores.redis_sentinel import SentinelAddress, kombu_broker
 from lousho.testing.sentinel import SentinelGroup, sentinel_binary
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
+from lousho.worker.transport import rejected_key
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.fleet.test_fleet_approvals_and_abort import (
     test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker as approval_across_workers,
@@ -227,6 +228,7 @@ def test_a_fleet_on_sentinel_finishes_every_session_when_a_worker_is_killed_mid_
     for session in sessions:
         fleet.script(session, [tool_turn((f"{session}-a", "work", {"n": 2})), Message.assistant(f"{session} done")])
     fleet.script("slow", [tool_turn(("slow-k", "work", {"n": 3, "sleep_s": 3.0})), Message.assistant("slow done")])
+    fleet.store.client.lpush(fleet.queue, b"not a task message")  # junk on the queue: set aside, no worker stops
     workers = [fleet.start_worker(), fleet.start_worker()]
     fleet.start_reaper()
     for session in [*sessions, "slow"]:
@@ -240,6 +242,7 @@ def test_a_fleet_on_sentinel_finishes_every_session_when_a_worker_is_killed_mid_
     assert runs.pop("slow-k") == 2  # no recorded result when it died: it ran again, once
     assert set(runs.values()) == {1}
     assert all("transport:   sentinel://" in w.log() for w in workers)  # the broker is reached through Sentinel
+    assert fleet.store.client.lrange(rejected_key(fleet.queue), 0, -1) == [b"not a task message"]
 
 
 @pytest.mark.timeout(120)
