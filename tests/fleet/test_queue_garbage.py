@@ -151,7 +151,7 @@ def test_a_lousho_connection_through_sentinel_screens_its_queue_too() -> None:
     transport = Connection("sentinel://localhost:26379;sentinel://localhost:26380").get_transport_cls()
     assert issubclass(transport, redis.SentinelTransport)  # kombu's pool that follows the master (issue #18)
     assert issubclass(transport.Channel, redis.SentinelChannel)
-    assert transport.Channel._take_in is Channel._take_in  # noqa: SLF001 -- the screening's own method
+    assert transport.Channel._take_in is Channel._take_in  # the screening's own method
 
 
 @pytest.mark.parametrize(("url", "transport"), [("memory://", memory.Transport)])
