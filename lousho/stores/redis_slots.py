@@ -22,6 +22,7 @@ from typing import Any, cast
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import AskError
 
 from lousho.errors import ConfigurationError
 from lousho.redaction import redact_url
@@ -32,6 +33,7 @@ __all__ = [
     "RedisCluster",
     "connect_cluster",
     "is_cluster",
+    "keep_slot_map_sound",
     "key_slot",
     "shard_tags",
     "slot_tag",
@@ -77,6 +79,24 @@ def shard_tags() -> tuple[str, ...]:
 
 def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
+
+
+def keep_slot_map_sound(client: Any) -> None:
+    """Work around redis-py 6.4's issue #3815: a MULTI (`pipeline(transaction=True)`) that meets a connection
+    error during a failover hands that error to the client's slot map as if it were a MOVED reply, and every
+    later command of the process then fails with `AttributeError: 'ConnectionError' object has no attribute
+    'host'`. Only a redirection (MOVED, ASK) may move a slot; any other error leaves the map as it is, and the
+    next command that meets the dead node refreshes the map as usual."""
+    manager = client.nodes_manager
+    if getattr(manager.update_moved_exception, "__name__", "") == "update_on_redirection_only":
+        return  # guarded already (a client shared by two stores)
+    update = manager.update_moved_exception
+
+    def update_on_redirection_only(exception: BaseException) -> None:
+        if isinstance(exception, AskError):  # MovedError is an AskError: both carry the new host and port
+            update(exception)
+
+    manager.update_moved_exception = update_on_redirection_only
 
 
 def connect_cluster(url: str, **options: Any) -> redis.Redis:

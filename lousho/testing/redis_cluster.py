@@ -139,6 +139,24 @@ class RedisClusterNodes:
                 raise RuntimeError(f"the Redis Cluster on ports {self.ports} did not reach cluster_state:ok")
             time.sleep(0.1)
 
+    def wait_failover(self, dead_port: int, timeout_s: float = 30.0) -> float:
+        """Until every live node serves the whole slot map with no slot on `dead_port` (its replica promoted);
+        the seconds it took."""
+        started = time.monotonic()
+        while not all(
+            self._node_ok(port) and dead_port not in self._slot_primaries(port) for port in self.live_ports()
+        ):
+            if time.monotonic() - started > timeout_s:
+                raise RuntimeError(f"no replica took over the slots of the node on port {dead_port}")
+            time.sleep(0.05)
+        return time.monotonic() - started
+
+    def _slot_primaries(self, port: int) -> set[int]:
+        """The ports of the primaries in `port`'s view of the slot map."""
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
+            return {int(primary[1]) for _, _, primary, *_ in client.execute_command("CLUSTER", "SLOTS")}
+        return {-1}
+
     def _node_ok(self, port: int) -> bool:
         with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
             info = str(client.execute_command("CLUSTER", "INFO"))
