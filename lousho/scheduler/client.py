@@ -30,6 +30,7 @@ from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
+from lousho.telemetry.hooks import instrument_fleet
 
 __all__ = ["Client", "SessionStatus"]
 
@@ -68,6 +69,7 @@ class Client:
         self.registry = WorkerRegistry(self.store)
         self.app = Celery("lousho-client", set_as_current=False)
         self.app.conf.update(celery_config(broker, self.settings))
+        instrument_fleet()  # LOUSHO_TRACES: a job sent in a traced request links its run to it (issue #19)
 
     def enqueue(
         self,

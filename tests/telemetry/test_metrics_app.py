@@ -147,3 +147,26 @@ def test_lousho_metrics_once_prints_the_stores_metrics(tmp_path: Path) -> None:
     metrics = scraped(result.output)
     assert metrics[("lousho_sessions", (("status", "finished"),))] == 1
     assert metrics[("lousho_approvals_waiting", ())] == 0
+
+
+def test_a_client_in_a_process_with_lousho_traces_sends_its_callers_span(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery import signals
+
+    from lousho.scheduler import Client
+
+    hooks.disable()
+    monkeypatch.setenv("LOUSHO_TRACES", "console")
+    client = Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix))
+    try:
+        assert "lousho-telemetry-publish" in _connected(signals.before_task_publish)
+    finally:
+        from lousho.telemetry.traces import current_provider
+
+        provider = current_provider()  # the one LOUSHO_TRACES=console made
+        hooks.disable()
+        shutdown = getattr(provider, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        client.app.close()
