@@ -46,30 +46,53 @@ from lousho.stores.segments import (
     split_record,
 )
 from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
+from lousho.stores.sql_driver import DriverStatement, DriverTransaction
 from lousho.stores.sql_transcripts import MessageRows
 
 __all__ = ["Pruned", "SqlCheckpointStore"]
 
 
 class _Statements:
-    """The statements of a save, built once (building them costs more than running them on SQLite)."""
+    """The statements of a save, compiled once for the engine's dialect and run on the driver's cursor
+    (building and running them through SQLAlchemy Core cost more than SQLite itself, issue #20)."""
 
     def __init__(self, db: SqlDatabase) -> None:
-        table, history, sid = db.checkpoints, db.history, sa.bindparam("sid", type_=sa.String())
-        self.lock = sa.select(table.c.version, table.c.data).where(table.c.session_id == sid).with_for_update()
-        self.update = table.update().where(table.c.session_id == sid, table.c.version == sa.bindparam("previous"))
-        self.push = history.insert()
-        self._history = history
-        self._trims: dict[int, sa.Delete] = {}
+        table, history, messages = db.checkpoints, db.history, db.messages
+        sid, dialect = sa.bindparam("sid", type_=sa.String()), db.engine.dialect
+        self._history, self._dialect, self._trims = history, dialect, dict[int, DriverStatement]()
+        head_columns = ("version", "status", "updated_at", "data")
+        self.lock = DriverStatement(
+            sa.select(table.c.version, table.c.data).where(table.c.session_id == sid).with_for_update(), dialect
+        )
+        self.version = DriverStatement(sa.select(table.c.version).where(table.c.session_id == sid), dialect)
+        self.insert = DriverStatement(table.insert(), dialect, ("session_id", *head_columns))
+        self.update = DriverStatement(
+            table.update().where(table.c.session_id == sid, table.c.version == sa.bindparam("previous")),
+            dialect,
+            head_columns,
+        )
+        self.push = DriverStatement(history.insert(), dialect, ("session_id", "step", "status", "saved_at", "data"))
+        self.last_seq = DriverStatement(
+            sa.select(sa.func.max(messages.c.seq)).where(messages.c.session_id == sid), dialect
+        )
+        self.append = DriverStatement(messages.insert(), dialect, ("session_id", "seq", "data"))
+        self.read = DriverStatement(
+            sa.select(messages.c.seq, messages.c.data).where(
+                messages.c.session_id == sid,
+                messages.c.seq >= sa.bindparam("low"),
+                messages.c.seq < sa.bindparam("high"),
+            ),
+            dialect,
+        )
 
-    def trim(self, limit: int) -> sa.Delete:
+    def trim(self, limit: int) -> DriverStatement:
         """Delete all but the session's newest `limit` history rows."""
         found = self._trims.get(limit)
         if found is None:
             history, sid = self._history, sa.bindparam("sid", type_=sa.String())
             newest = sa.select(history.c.id).where(history.c.session_id == sid).order_by(history.c.id.desc())
-            found = history.delete().where(history.c.session_id == sid, history.c.id.not_in(newest.limit(limit)))
-            self._trims[limit] = found
+            delete = history.delete().where(history.c.session_id == sid, history.c.id.not_in(newest.limit(limit)))
+            found = self._trims[limit] = DriverStatement(delete, self._dialect)
         return found
 
 
@@ -91,40 +114,55 @@ class SqlCheckpointStore:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
         writer, previous = uuid.uuid4().hex, checkpoint.version - 1
         try:
-            with self._db.write() as conn:
-                self._write(conn, session_id, checkpoint, writer)
+            with self._db.driver_write() as transaction:
+                self._write(transaction, session_id, checkpoint, writer)
         except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
             with self._db.read() as conn:
                 raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None
         self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
 
-    def _write(self, conn: Connection, session_id: str, checkpoint: Checkpoint, writer: str) -> None:
-        previous, sql = checkpoint.version - 1, self._sql
-        row = conn.execute(sql.lock, {"sid": session_id}).first()
-        found = None if row is None else int(row.version)
+    def _write(self, transaction: DriverTransaction, session_id: str, checkpoint: Checkpoint, writer: str) -> None:
+        previous, sql, sid = checkpoint.version - 1, self._sql, {"sid": session_id}
+        row = transaction.execute(sql.lock, sid).fetchone()
+        found = None if row is None else int(row[0])
         if found != previous and not (found is None and previous == 0):
             raise CheckpointConflictError(session_id, previous, found)
-        head = None if row is None else _head_of(row.data)
+        head = None if row is None else _head_of(row[1])
         segments, texts = plan_save(
             self._cache,
             session_id,
             checkpoint,
             head,
-            lambda h: self._rows.read(conn, session_id, [h]).texts(h.segments),
+            lambda h: self._stored_texts(transaction, session_id, h),
             self._codec,
         )
-        base = self._rows.append(conn, session_id, texts)
+        last = transaction.execute(sql.last_seq, sid).fetchone()[0]
+        base = 0 if last is None else int(last) + 1
+        if texts:
+            rows = [{"session_id": session_id, "seq": base + i, "data": text} for i, text in enumerate(texts)]
+            transaction.execute_many(sql.append, rows)
         record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)), codec=self._codec)
         now = naive_utc_now()
         values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": record}
         if row is None:
-            conn.execute(self._db.checkpoints.insert(), {"session_id": session_id, **values})
-        elif conn.execute(sql.update, {"sid": session_id, "previous": previous, **values}).rowcount != 1:
-            raise CheckpointConflictError(session_id, previous, self._version(conn, session_id))
+            transaction.execute(sql.insert, {"session_id": session_id, **values})
+        elif transaction.execute(sql.update, {"sid": session_id, "previous": previous, **values}).rowcount != 1:
+            stored = transaction.execute(sql.version, sid).fetchone()
+            raise CheckpointConflictError(session_id, previous, None if stored is None else int(stored[0]))
         if self.history_limit > 0:
             history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
-            conn.execute(sql.push, {**history, "saved_at": now, "data": record})
-            conn.execute(sql.trim(self.history_limit), {"sid": session_id})
+            transaction.execute(sql.push, {**history, "saved_at": now, "data": record})
+            transaction.execute(sql.trim(self.history_limit), sid)
+
+    def _stored_texts(self, transaction: DriverTransaction, session_id: str, head: Head) -> list[str | None]:
+        """The stored JSON of the messages `head` names (a save that does not know the stored head)."""
+        segments = [s for s in head.segments if s[1] > 0]
+        rows: dict[int, str] = {}
+        if segments:
+            low, high = min(s[0] for s in segments), max(s[0] + s[1] for s in segments)
+            cursor = transaction.execute(self._sql.read, {"sid": session_id, "low": low, "high": high})
+            rows = {int(seq): str(data) for seq, data in cursor.fetchall()}
+        return Transcript(session_id, rows, self._codec).texts(head.segments)
 
     def _version(self, conn: Connection, session_id: str) -> int | None:
         table = self._db.checkpoints

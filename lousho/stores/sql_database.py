@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
+from lousho.stores.sql_driver import DriverTransaction, driver_transaction, instrumented
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
 
@@ -206,6 +207,19 @@ class SqlDatabase:
         self.ensure_tables()
         with self.translate(), self.engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
             yield conn
+
+    @contextmanager
+    def driver_write(self) -> Iterator[DriverTransaction]:
+        """A write transaction on the driver's own cursor, for the save's precompiled statements
+        (`lousho.stores.sql_driver`, issue #20); errors translated as `write()` translates them."""
+        if instrumented(self.engine):
+            with self.write() as conn:
+                yield DriverTransaction(connection=conn)
+            return
+        self.ensure_tables()
+        begin = "BEGIN IMMEDIATE" if self.engine.dialect.name == "sqlite" else None
+        with self.translate(), driver_transaction(self.engine, begin) as transaction:
+            yield transaction
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

@@ -1,0 +1,141 @@
+"""The save's statements on the database driver's own cursor (issue #20).
+
+A save runs six or seven small statements. Through SQLAlchemy Core each costs some 100 us of
+Python (the execution context, result wrapping, the compiled-cache lookup, events), where SQLite
+itself runs one in a few microseconds: most of SqliteStore's overhead per step. So the save
+compiles its statements once for the engine's dialect (`DriverStatement`: SQLAlchemy still writes
+the SQL, the schema and the paramstyle) and runs them on the pooled DBAPI connection
+(`DriverTransaction`), with SQLAlchemy's own bind processing of each parameter's type and its
+translation of driver errors (`exc.DBAPIError.instance`, so `IntegrityError` and the store's
+`translate()` work as before). Reads and the rare statements stay on SQLAlchemy Core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from sqlalchemy import exc
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
+
+__all__ = ["DriverStatement", "DriverTransaction", "driver_transaction", "instrumented"]
+
+
+class DriverStatement:
+    """One statement compiled once for a dialect: its SQL text, and how a dict of values becomes the
+    driver's parameters (in `positiontup` order for a positional paramstyle, by name otherwise, each
+    through its type's bind processor, e.g. DateTime to text on SQLite)."""
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect, column_keys: Sequence[str] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql = compiled.string
+        binds = {name: bind for bind, name in compiled.bind_names.items()}  # by the name the SQL renders
+        self._positional = compiled.positional
+        self._names: list[str] = list(compiled.positiontup or []) if compiled.positional else list(binds)
+        self._fixed = {name: bind.value for name, bind in binds.items() if bind.value is not None}
+        """Values the statement holds itself (a LIMIT's)."""
+        self._processors: dict[str, Callable[[Any], Any]] = {}
+        for name, bind in binds.items():
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if processor is not None:
+                self._processors[name] = processor
+
+    def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+        """The driver's parameters for `values` (keyed by bind name: column names, `bindparam` names)."""
+        processors = self._processors
+        if self._fixed:
+            values = {**self._fixed, **values}
+        if self._positional:
+            return tuple(processors[name](values[name]) if name in processors else values[name] for name in self._names)
+        return {name: processors[name](values[name]) if name in processors else values[name] for name in self._names}
+
+
+class DriverTransaction:
+    """A write transaction: statements run on one DBAPI cursor, or, when the engine has cursor
+    listeners (`before_cursor_execute`: tracing, logging, tests that count what a save sends), on a
+    SQLAlchemy connection (`exec_driver_sql`: the same SQL text, and the listeners see it)."""
+
+    def __init__(self, cursor: Any = None, connection: Connection | None = None) -> None:
+        self._cursor = cursor
+        self._connection = connection
+
+    def execute(self, statement: DriverStatement, values: Mapping[str, Any]) -> Any:
+        """Run `statement`; its cursor or result (`fetchone()`, `fetchall()`, `rowcount`)."""
+        params = statement.params(values)
+        if self._connection is not None:
+            return self._connection.exec_driver_sql(statement.sql, params)
+        try:
+            self._cursor.execute(statement.sql, params)
+        except Exception as error:
+            raise _Failed(statement.sql, params, error) from error
+        return self._cursor
+
+    def execute_many(self, statement: DriverStatement, rows: Sequence[Mapping[str, Any]]) -> None:
+        params = [statement.params(row) for row in rows]
+        if self._connection is not None:
+            self._connection.exec_driver_sql(statement.sql, params)
+            return
+        try:
+            self._cursor.executemany(statement.sql, params)
+        except Exception as error:
+            raise _Failed(statement.sql, params, error) from error
+
+
+def instrumented(engine: Engine) -> bool:
+    """Whether something listens to the engine's cursor executions (then the save goes through them)."""
+    dispatch = engine.dispatch
+    return bool(dispatch.before_cursor_execute or dispatch.after_cursor_execute)
+
+
+class _Failed(Exception):
+    """A driver error with the statement it came from, turned into SQLAlchemy's by `driver_transaction`."""
+
+    def __init__(self, sql: str, params: Any, error: Exception) -> None:
+        super().__init__(str(error))
+        self.sql, self.params, self.error = sql, params, error
+
+
+@contextmanager
+def driver_transaction(engine: Engine, begin: str | None) -> Iterator[DriverTransaction]:
+    """A transaction on a connection of `engine`'s pool, committed when the block ends, rolled back
+    if it raises. `begin`: the statement that opens it (SQLite: BEGIN IMMEDIATE, since the engine's
+    connections are in autocommit mode); None where the driver opens one by itself (psycopg).
+
+    A driver error raises as SQLAlchemy wraps it (`exc.IntegrityError`, `exc.OperationalError`...),
+    and a connection the dialect finds disconnected is dropped from the pool."""
+    dialect, dbapi = engine.dialect, engine.dialect.dbapi
+    assert dbapi is not None
+    connection = engine.raw_connection()
+    cursor = None
+    try:
+        cursor = connection.cursor()
+        if begin is not None:
+            cursor.execute(begin)
+        yield DriverTransaction(cursor)
+        connection.commit()
+    except BaseException as raised:
+        _quietly(connection.rollback)
+        error = raised.error if isinstance(raised, _Failed) else raised
+        if not isinstance(error, dbapi.Error):
+            if error is raised:
+                raise
+            raise error from None
+        if dialect.is_disconnect(error, connection.dbapi_connection, cursor):
+            connection.invalidate(error)
+        sql, params = (raised.sql, raised.params) if isinstance(raised, _Failed) else (begin or "COMMIT", None)
+        raise exc.DBAPIError.instance(sql, params, error, dbapi.Error) from error
+    finally:
+        if cursor is not None:
+            _quietly(cursor.close)
+        _quietly(connection.close)
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    """Rollback and close after a failure: the first error is the one to report (a dead connection
+    fails these too; the pool replaces it)."""
+    with suppress(Exception):
+        call()
