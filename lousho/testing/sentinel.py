@@ -188,6 +188,21 @@ class SentinelGroup:
         self._wait(promoted, f"a replica to replace the master on port {old_primary}", timeout_s)
         return self.primary_port()
 
+    def restart(self, port: int) -> None:
+        """Start a killed data server again on its port, empty: the sentinels make it a replica of the
+        master they name now (how a failed primary rejoins), so `min_replicas_acked` keeps its replicas."""
+        assert self._dir is not None
+        shutil.rmtree(self._dir / str(port), ignore_errors=True)
+        self._start_data(port, None)
+
+        def rejoined() -> bool:
+            with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
+                info = client.info("replication")
+                return info.get("role") == "slave" and info.get("master_link_status") == "up"
+            return False
+
+        self._wait(rejoined, f"the server on port {port} to rejoin as a replica")
+
     def client(self, port: int | None = None) -> redis.Redis:
         """A plain client of one data server (default: the master now)."""
         return redis.Redis(port=port or self.primary_port(), socket_timeout=5)
