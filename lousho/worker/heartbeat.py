@@ -24,7 +24,10 @@ def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSig
         return
     try:
         if not lease.extend():
+            # Another worker took over (this one was stopped past its lease): the session's deadline is
+            # theirs to push; a touch from here could put a session they finished back in flight.
             log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
+            return
         runtime.inflight.touch(session_id)
         if entry is not None:  # a tool call's run: still alive (worker/running.py)
             with redis_errors(runtime.store.client, "update the fleet's running index"):

@@ -210,6 +210,8 @@ class SessionSteps:
                 self.step_end.complete_turn(None)
                 if not step.already_saved:
                     await run.save(finish(checkpoint, step.reason))
+                else:  # saved finished already: a late heartbeat or requeue may have put it back in the index
+                    self.runtime.inflight.drop(self.session_id)
                 return "finished"
             run.latest = checkpoint
 
