@@ -62,6 +62,8 @@ PLAIN_FIELDS = frozenset(
     }
 )
 """Checkpoint fields a head keeps in plain JSON: no secret, read by listings, prune and the Lua scripts."""
+_PLAIN_INCLUDES = set(PLAIN_FIELDS)
+_SECRET_EXCLUDES = {"messages", *PLAIN_FIELDS}
 
 
 class PayloadCodec:
@@ -206,13 +208,13 @@ class PayloadCodec:
         """The checkpoint's JSON without messages: `PLAIN_FIELDS` as they are, the rest in `"$sealed"`."""
         if not self._active:
             return checkpoint.model_dump_json(exclude={"messages"})
-        secret = checkpoint.model_dump_json(exclude={"messages", *PLAIN_FIELDS})
+        secret = checkpoint.model_dump_json(exclude=_SECRET_EXCLUDES)
         if self._writer is None and len(secret) < _MIN_COMPRESS_BYTES:  # no key, and too small to compress
             return checkpoint.model_dump_json(exclude={"messages"})
         sealed = self.encode_text(secret)
         if not sealed.startswith(TEXT_MARK):  # no key, and compression did not shrink it: the head as it is
             return checkpoint.model_dump_json(exclude={"messages"})
-        plain = checkpoint.model_dump_json(include=set(PLAIN_FIELDS))
+        plain = checkpoint.model_dump_json(include=_PLAIN_INCLUDES)
         return plain[:-1] + ',"' + SEALED + '":"' + sealed + '"}'  # base64: nothing to escape
 
     def open_fields(self, data: dict[str, Any]) -> dict[str, Any]:
