@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 from lousho.approvals import ApprovalSnapshot
-from lousho.errors import CorruptApprovalError, CorruptCheckpointError
+from lousho.errors import CorruptApprovalError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError
 
 __all__ = ["Listing", "read_each", "waiting"]
 
@@ -43,15 +43,18 @@ class Listing(list[T], Generic[T]):
 def read_each(records: Iterable[tuple[str, R]], read: Callable[[str, R], T | None], *, what: str) -> Listing[T]:
     """`read(id, raw)` of every record, in order; None leaves a record out (it does not match).
 
-    A record `read` finds damaged (`CorruptApprovalError`, `CorruptCheckpointError`) is skipped and
-    named; any other error (a store that is down) is raised, as a listing that cannot be made at all.
+    A record `read` finds damaged (`CorruptApprovalError`, `CorruptCheckpointError`, `PayloadDecodeError`) is
+    skipped and named; any other error (a store that is down, a payload key it lacks) is raised, as a
+    listing that cannot be made at all.
     `what` names the kind of record in the warning ('approval', 'session')."""
     found: list[T] = []
     skipped: dict[str, str] = {}
     for record_id, raw in records:
         try:
             value = read(record_id, raw)
-        except (CorruptApprovalError, CorruptCheckpointError) as exc:
+        except PayloadKeyError:  # the store lacks a key: every record of it would fail; say so (issue #17)
+            raise
+        except (CorruptApprovalError, CorruptCheckpointError, PayloadDecodeError) as exc:
             skipped[record_id] = str(exc)
             continue
         if value is not None:

@@ -308,3 +308,18 @@ def test_every_built_in_store_url_opens_with_the_codec_and_an_opener_without_it_
         registry.open_store("nocodec://x", codec=PLAIN).close()  # the codec off: opened as before
     finally:
         registry._OPENERS.pop("nocodec")
+
+
+def test_a_listing_skips_a_damaged_encoded_record_and_raises_for_a_missing_key() -> None:
+    from lousho.stores.memory import memory_store
+
+    store = memory_store(codec=PayloadCodec(compress=True))
+    store.approvals.save(sample_snapshot("appr-ok", SESSION))
+    store.approvals.put_raw("appr-cut", TEXT_MARK + base64.b64encode(MAGIC + bytes((1, 1, 0)) + b"cut").decode())
+    listing = store.approvals.pending()
+    assert [s.id for s in listing] == ["appr-ok"] and list(listing.skipped) == ["appr-cut"]
+
+    encrypted = codec_of("k1").encode_text(sample_snapshot("appr-k1", SESSION).model_dump_json())
+    store.approvals.put_raw("appr-k1", encrypted)
+    with pytest.raises(PayloadKeyError, match="'k1'"):
+        store.approvals.pending()
