@@ -1,0 +1,267 @@
+"""A Redis Cluster primary is SIGKILLed mid-run (issue #18): the store is a private 6-node cluster (three
+primaries, each with a replica; `lousho.testing.redis_cluster`), the broker the run's standalone Redis. Each
+crash kills the primary that serves the most slots now; its replica takes over after `cluster-node-timeout`,
+and the workers' and the reaper's cluster clients follow the new slot map. Every run must finish with the
+guarantees.
+
+What a failover lost is measured against a record kept outside Redis: each worker appends every
+acknowledged save to a file. Replication is asynchronous, so a save the dead primary acknowledged but had
+not yet sent to its replica is gone: counted, and its session is held to the rules from the save it has.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from lousho.errors import StoreUnavailableError
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.testing.redis_cluster import RedisClusterNodes
+from lousho.worker import FleetSettings, broker_url
+from tests.chaos.harness import (
+    SEED,
+    Approver,
+    Background,
+    ChaosFleet,
+    Row,
+    check_sessions,
+    drop_queue,
+    install_scripts,
+    pick,
+    random_script,
+    record,
+    save_log,
+    settled_count,
+)
+from tests.topologies.test_cluster import require_cluster_binaries
+
+SESSIONS = pick(12, 60)
+CRASHES = pick(1, 2)
+ROOT = str(Path(__file__).resolve().parents[2])
+
+REAPER = """
+import sys
+from lousho.scheduler import Client, run_reaper
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url
+store_url, broker, prefix, queue = sys.argv[1:5]
+settings = FleetSettings(queue=queue, lease_ttl_s=2.0, reaper_interval_s=0.3, requeue_backoff_s=3.0)
+client = Client(broker=broker_url(broker), store=RedisStore(store_url, prefix=prefix), settings=settings)
+print("reaper up", flush=True)
+run_reaper(client.store, client.app, settings)
+"""
+
+
+class SplitClient:
+    """The test's Redis client as the harness uses it: commands on the fleet's session keys (hash-tagged, `{`)
+    go to the cluster, the test's own probes (scripts, counters, run logs, kill triggers) and the broker's queue
+    to the standalone Redis, where a failover cannot fail them: a probe is not what is under test."""
+
+    def __init__(self, cluster: redis.Redis, standalone: redis.Redis) -> None:
+        self.cluster, self.standalone = cluster, standalone
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            first = args[0] if args else kwargs.get("match", "")
+            target = self.cluster if isinstance(first, str) and "{" in first else self.standalone
+            return getattr(target, name)(*args, **kwargs)
+
+        return call
+
+
+@dataclass
+class ClusterChaosFleet(ChaosFleet):
+    split: Any = None
+
+    @property
+    def redis(self) -> Any:
+        return self.split
+
+
+@pytest.fixture
+def cluster_chaos_fleet(
+    redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[tuple[RedisClusterNodes, ChaosFleet]]:
+    require_cluster_binaries()
+    with RedisClusterNodes() as cluster:
+        prefix = f"chaos-{uuid.uuid4().hex[:8]}:"  # the probes' keys on the shared Redis are the test's own
+        queue = f"lousho-chaos-{uuid.uuid4().hex[:12]}"
+        env = {
+            "LOUSHO_TEST_FLEET_REDIS": cluster.url,
+            "LOUSHO_TEST_FLEET_BROKER": broker_url(redis_url),
+            "LOUSHO_TEST_PROBE_REDIS": redis_url,
+            "LOUSHO_TEST_FLEET_PREFIX": prefix,
+            "LOUSHO_TEST_FLEET_QUEUE": queue,
+            "LOUSHO_TEST_LEASE_TTL_S": "2.0",
+            "LOUSHO_TEST_TRACK": "1",
+            "PYTHONPATH": ROOT,
+        }
+        store = RedisStore(cluster.url, prefix=prefix)
+        client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue, lease_ttl_s=2.0))
+        fleet = ClusterChaosFleet(
+            env=env, queue=queue, prefix=prefix, store=store, client=client, log_dir=str(tmp_path),
+            split=SplitClient(store.client, redis_client),
+        )  # fmt: skip
+        try:
+            yield cluster, fleet
+        finally:
+            fleet.stop_all()
+            client.app.close()
+            drop_queue(redis_client, queue)
+            for key in list(redis_client.scan_iter(match=f"{prefix}*", count=1000)):
+                redis_client.delete(key)
+
+
+def busiest_primary(cluster: RedisClusterNodes) -> int:
+    """The port of the primary that serves the most slots now."""
+    with redis.Redis(port=cluster.live_ports()[0], socket_timeout=2) as node:
+        slots = node.execute_command("CLUSTER", "SLOTS")
+    served: dict[int, int] = {}
+    for start, end, primary, *_ in slots:
+        port = int(primary[1])
+        served[port] = served.get(port, 0) + int(end) - int(start) + 1
+    return max(served, key=lambda port: served[port])
+
+
+@pytest.mark.timeout(pick(240, 600))
+def test_cluster_primary_sigkilled_mid_run(
+    cluster_chaos_fleet: tuple[RedisClusterNodes, ChaosFleet], redis_url: str, tmp_path: Path
+) -> None:
+    cluster, fleet = cluster_chaos_fleet
+    rng = random.Random(SEED + 40)
+    saves = tmp_path / "saves"
+    saves.mkdir()
+    fleet.env["LOUSHO_TEST_SAVE_LOG"] = str(saves)
+    sessions = [f"k{i:03d}" for i in range(SESSIONS)]
+    scripts = {s: random_script(rng, s) for s in sessions}
+    install_scripts(fleet, rng, scripts)
+    for _ in range(3):
+        fleet.start_worker()
+    reaper_log = tmp_path / "reaper.log"
+    with open(reaper_log, "wb") as out:
+        reaper = subprocess.Popen(
+            [sys.executable, "-c", REAPER, cluster.url, redis_url, fleet.prefix, fleet.queue],
+            cwd=ROOT, stdout=out, stderr=out,
+        )  # fmt: skip
+    approver = Approver(fleet, SEED + 41)
+    awake = threading.Event()
+    awake.set()
+    typed_errors: list[str] = []
+
+    def approve() -> None:
+        if not awake.is_set():
+            return
+        try:
+            approver()
+        except StoreUnavailableError as exc:  # the slot's primary is gone: a typed error, retried later
+            typed_errors.append(exc.code)
+
+    helpers = Background()
+    helpers.every(0.1, approve, "approver")
+    acked = dict.fromkeys(sessions, 1)
+    started = time.monotonic()
+    for session in sessions:
+        fleet.client.enqueue("jobs", f"job {session}", session_id=session)
+    lost_sessions: set[str] = set()
+    lost_saves, lost_decisions, recoveries = 0, 0, []
+    try:
+        for _ in range(CRASHES):
+            time.sleep(rng.uniform(1.0, 3.0))
+            victim = busiest_primary(cluster)
+            cluster.kill(victim)  # SIGKILL: its replica has what was replicated, nothing more
+            fleet.faults["cluster primary SIGKILL"] += 1
+            recoveries.append(cluster.wait_failover(victim, timeout_s=60))  # its replica serves its slots now
+            awake.clear()
+            for worker in fleet.alive():  # frozen only while the store is compared with the record
+                worker.kill(signal.SIGSTOP)
+            for session, version, *_ in save_log(saves):
+                acked[session] = max(acked.get(session, 0), version)
+            stored = _stored_versions(fleet, sessions)
+            for session, version in acked.items():
+                if stored[session] < version:
+                    lost_sessions.add(session)
+                    lost_saves += version - stored[session]
+            lost_decisions += decide_lost_approvals_again(fleet, approver)
+            for worker in fleet.alive():  # a run whose commit failed during the failover runs again
+                fleet.note_interrupted(worker.pid)
+                worker.kill(signal.SIGCONT)
+            awake.set()
+        deadline = time.monotonic() + pick(150, 500)
+        while time.monotonic() < deadline and _settled(fleet, sessions) < len(sessions):
+            time.sleep(0.25)
+    finally:
+        helpers.stop()
+        for worker in fleet.alive():
+            worker.kill(signal.SIGCONT)
+        reaper_alive = reaper.poll() is None
+        reaper.kill()
+        reaper.wait(timeout=10)
+    elapsed = time.monotonic() - started
+
+    violations, figures = check_sessions(fleet, scripts, approver)
+    violations = [v for v in violations if not any(v.startswith(f"{s}") for s in lost_sessions)]
+    violations += approver.violations + helpers.errors
+    violations += [
+        f"not a typed error during the failover: {e}" for e in typed_errors if e != "LOUSHO_STORE_UNAVAILABLE"
+    ]
+    if not reaper_alive:
+        violations.append(f"the reaper process died: {reaper_log.read_text()[-2000:]}")
+    figures["acknowledged saves lost (asynchronous replication)"] = lost_saves
+    figures["sessions that lost one"] = len(lost_sessions)
+    figures["approval decisions lost (shown pending again, decided again)"] = lost_decisions
+    figures["failover (SIGKILL to the replica serving the slots)"] = ", ".join(f"{s:.1f} s" for s in recoveries)
+    figures["typed errors during failovers"] = len(typed_errors)
+    record(Row("Redis Cluster primary SIGKILL (replica takes over)", len(sessions), "sessions", dict(fleet.faults),
+               violations, elapsed, dict(figures)))  # fmt: skip
+    reaper_tail = reaper_log.read_text()[-3000:]
+    assert violations == [], (
+        "\n".join(violations[:30]) + "\n" + fleet.worker_logs()[-8000:] + "\nreaper:\n" + reaper_tail
+    )
+
+
+def decide_lost_approvals_again(fleet: ChaosFleet, approver: Approver) -> int:
+    """Approvals the approver decided that are pending again: the decision was acknowledged by the dead primary
+    and never reached its replica. The web app shows them pending again; the human decides them again, the
+    same way (the worker may have acted on the first decision before the failover). How many there were."""
+    for _ in range(50):
+        try:
+            again = [s for s in fleet.client.approvals() if s.tool_call.id in approver.decisions]
+            for snapshot in again:
+                fleet.client.resolve_approval(
+                    snapshot.id, approved=approver.decisions[snapshot.tool_call.id],
+                    note=approver.notes[snapshot.tool_call.id],
+                )  # fmt: skip
+            return len(again)
+        except StoreUnavailableError:
+            time.sleep(0.2)
+    raise AssertionError("the approvals stayed unreadable after the failover")
+
+
+def _stored_versions(fleet: ChaosFleet, sessions: list[str]) -> dict[str, int]:
+    """Each session's stored checkpoint version, read again while the clients learn the new slot map."""
+    for _ in range(50):
+        try:
+            return {s: (cp.version if (cp := fleet.store.checkpoints.load(s)) else 0) for s in sessions}
+        except StoreUnavailableError:
+            time.sleep(0.2)
+    raise AssertionError("the store stayed unreadable after the failover")
+
+
+def _settled(fleet: ChaosFleet, sessions: list[str]) -> int:
+    try:
+        return settled_count(fleet, sessions)
+    except StoreUnavailableError:
+        return 0
