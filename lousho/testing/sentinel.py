@@ -176,7 +176,7 @@ class SentinelGroup:
 
         def promoted() -> bool:
             port = self.primary_port()
-            if port == old_primary:
+            if port == old_primary or not self._master_healthy():
                 return False
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
                 info = client.info("replication")
@@ -202,6 +202,19 @@ class SentinelGroup:
             return False
 
         self._wait(rejoined, f"the server on port {port} to rejoin as a replica")
+
+    def _master_healthy(self) -> bool:
+        """Whether every sentinel names a master it sees up and not failing over: what redis-py's
+        `Sentinel.discover_master` needs before it hands a client the address."""
+        for port in self.sentinel_ports:
+            with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as sentinel:
+                state = sentinel.execute_command("SENTINEL", "MASTER", self.master)
+                flags = dict(zip(state[::2], state[1::2], strict=False))[b"flags"].decode()
+                if flags != "master":
+                    return False
+                continue
+            return False
+        return True
 
     def client(self, port: int | None = None) -> redis.Redis:
         """A plain client of one data server (default: the master now)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -39,6 +40,8 @@ from tests.fleet.test_fleet_approvals_and_abort import (
     test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker as approval_across_workers,
 )
 from tests.fleet.test_fleet_crashes import assert_guarantees
+from tests.ops.conftest import run_clean
+from tests.topologies.test_topologies_doc import python_blocks
 
 pytestmark = pytest.mark.slow
 
@@ -355,3 +358,16 @@ def test_a_primary_failover_without_replica_acknowledgement_still_finishes_every
         close_fleet(fleet)
     record_property("acknowledged_saves_lost", lost)  # measured, not asserted: asynchronous replication
     print(f"acknowledged saves lost in a failover without replica acknowledgement: {lost}")
+
+
+# -- docs/topologies.md ---------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(150)
+def test_the_sentinel_example_finishes_a_job_whose_approval_is_decided_after_a_failover(tmp_path: Path) -> None:
+    require_sentinel_binary()
+    [block] = python_blocks("Redis Sentinel")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_")}  # the block says what it uses
+    done = run_clean([sys.executable, "-c", block], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout_s=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["Your day in Oslo: sunny, lunch at Casa Oslo (booked for 2).", "True"]
