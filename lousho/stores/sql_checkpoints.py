@@ -31,7 +31,7 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError
 from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing
@@ -127,7 +127,7 @@ class SqlCheckpointStore:
         found = None if row is None else int(row[0])
         if found != previous and not (found is None and previous == 0):
             raise CheckpointConflictError(session_id, previous, found)
-        head = None if row is None else _head_of(row[1])
+        head = None if row is None else _head_of(row[1], self._codec)
         segments, texts = plan_save(
             self._cache,
             session_id,
@@ -265,12 +265,16 @@ class SqlCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _head_of(raw: str) -> Head | None:
+def _head_of(raw: str, codec: PayloadCodec) -> Head | None:
     """The stored head's header, for a save; None for a whole-checkpoint row or one that cannot be read
-    (a save over it writes the whole transcript, as it always did)."""
+    (a save over it writes the whole transcript, as it always did). With encryption on, its sealed part is
+    opened too: a wrong or missing key raises `PayloadKeyError` before anything is written (issue #17), even
+    when the save would read no stored message."""
     try:
-        return split_record("", raw)[1]
-    except CorruptCheckpointError:
+        return split_record("", raw, codec if codec.encrypts else None)[1]
+    except (CorruptCheckpointError, PayloadDecodeError) as error:
+        if isinstance(error, PayloadKeyError):
+            raise
         return None
 
 

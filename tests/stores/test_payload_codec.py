@@ -323,3 +323,12 @@ def test_a_listing_skips_a_damaged_encoded_record_and_raises_for_a_missing_key()
     store.approvals.put_raw("appr-k1", encrypted)
     with pytest.raises(PayloadKeyError, match="'k1'"):
         store.approvals.pending()
+
+
+def test_a_wrong_key_saves_nothing_even_over_a_checkpoint_without_messages(backend: Backend) -> None:
+    backend.open(codec_of("k1")).checkpoints.save(SESSION, Checkpoint(session_id=SESSION, version=1))
+    before = backend.raw()
+    wrong = backend.open(PayloadCodec(keys={"k1": KEY_2}))
+    with pytest.raises(PayloadKeyError):
+        wrong.checkpoints.save(SESSION, Checkpoint(session_id=SESSION, version=2, messages=[Message.user("x")]))
+    assert backend.raw() == before
