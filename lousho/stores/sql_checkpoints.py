@@ -86,12 +86,15 @@ class _Statements:
         )
 
     def trim(self, limit: int) -> DriverStatement:
-        """Delete all but the session's newest `limit` history rows."""
+        """Delete all but the session's newest `limit` history rows: those at or below the id of the
+        (`limit`+1)-th newest, found by a seek on the (session_id, id) index (no row when there are
+        fewer; cheaper than `NOT IN` the newest `limit`, which visits every row of the session)."""
         found = self._trims.get(limit)
         if found is None:
             history, sid = self._history, sa.bindparam("sid", type_=sa.String())
             newest = sa.select(history.c.id).where(history.c.session_id == sid).order_by(history.c.id.desc())
-            delete = history.delete().where(history.c.session_id == sid, history.c.id.not_in(newest.limit(limit)))
+            cut = newest.limit(1).offset(limit).scalar_subquery()
+            delete = history.delete().where(history.c.session_id == sid, history.c.id <= cut)
             found = self._trims[limit] = DriverStatement(delete, self._dialect)
         return found
 
