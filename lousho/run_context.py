@@ -139,9 +139,12 @@ class RunContext:
         """Save a checkpoint stamped already (`stamp`), when the run has a store and a session."""
         if self.checkpoint_store is not None and self.session_id is not None:
             await maybe_await(self.checkpoint_store.save(self.session_id, checkpoint))
-            await self.emit(
-                CheckpointSavedEvent(step=checkpoint.step_index, status=checkpoint.status, version=checkpoint.version)
-            )
+            if self.on_event is not None:  # no event built (a pydantic validation) when nobody listens (issue #20)
+                await self.emit(
+                    CheckpointSavedEvent(
+                        step=checkpoint.step_index, status=checkpoint.status, version=checkpoint.version
+                    )
+                )
         return checkpoint
 
     async def save(self, checkpoint: Checkpoint) -> Checkpoint:

@@ -46,12 +46,14 @@ class DriverStatement:
 
     def params(self, values: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         """The driver's parameters for `values` (keyed by bind name: column names, `bindparam` names)."""
-        processors = self._processors
-        if self._fixed:
-            values = {**self._fixed, **values}
+        if self._fixed or self._processors:
+            merged = {**self._fixed, **values}
+            for name, processor in self._processors.items():
+                merged[name] = processor(merged[name])
+            values = merged
         if self._positional:
-            return tuple(processors[name](values[name]) if name in processors else values[name] for name in self._names)
-        return {name: processors[name](values[name]) if name in processors else values[name] for name in self._names}
+            return tuple(values[name] for name in self._names)
+        return {name: values[name] for name in self._names}
 
 
 class DriverTransaction:
