@@ -8,24 +8,23 @@ reading and moving deadlines, on the store's Redis under its prefix.
 
 On one Redis the index is one key, `<prefix>inflight`. On a Redis Cluster (issue #18) it is sharded by
 slot: a session's entry is in the shard of its own slot (`RedisKeys.inflight_of`), so the save script
-writes both in one slot, and `due` reads every shard, one `ZRANGEBYSCORE` each, pipelined per node.
+writes both in one slot, and `due` reads every shard: one script call per primary (Redis 7), else a pipeline
+of one `ZRANGEBYSCORE` per shard.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis
 
 from lousho.stores.redis import RedisStore
-from lousho.stores.redis_common import RedisKeys, redis_errors, text
+from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
+from lousho.stores.redis_slots import SLOTS, is_cluster, on_shards
 
 __all__ = ["InflightIndex"]
-
-SHARDS_PER_PIPELINE = 2048
-"""Shards read per round trip in the cluster layout: 16,384 ZRANGEBYSCOREs in eight pipelines."""
 
 
 @dataclass(frozen=True)
@@ -51,26 +50,25 @@ class InflightIndex:
         with redis_errors(self.client, "read the in-flight index"):
             if due_before_ms is None:
                 due_before_ms = self.server_time_ms()
-            shards = self.keys.shards("inflight")
-            rows: list[tuple[bytes | str, float]] = []
-            for start in range(0, len(shards), SHARDS_PER_PIPELINE):
-                pipe = self.client.pipeline(transaction=False)
-                for shard in shards[start : start + SHARDS_PER_PIPELINE]:
-                    pipe.zrangebyscore(
-                        shard, "-inf", f"({due_before_ms}", start=0 if limit else None, num=limit, withscores=True
+            before = f"({due_before_ms}"
+            rows = _due_per_node(self.client, self.keys.shards("inflight"), before, limit or 0)
+            if rows is None:  # one Redis, or a server that refused the script: a ZRANGEBYSCORE per shard
+
+                def read(pipe: Any, shard: str) -> object:
+                    return pipe.zrangebyscore(
+                        shard, "-inf", before, start=0 if limit else None, num=limit, withscores=True
                     )
-                for found in cast(list[list[tuple[bytes | str, float]]], pipe.execute()):
-                    rows.extend(found)
+
+                found = on_shards(self.client, self.keys.shards("inflight"), read)
+                rows = [row for shard_rows in found for row in cast(list[tuple[bytes | str, float]], shard_rows)]
         earliest = heapq.nsmallest(limit, rows, key=lambda row: row[1]) if limit else sorted(rows, key=lambda r: r[1])
         return [(text(member), int(score)) for member, score in earliest]
 
     def count(self) -> int:
         """How many sessions the index holds, over every shard."""
         with redis_errors(self.client, "count the in-flight index"):
-            pipe = self.client.pipeline(transaction=False)
-            for shard in self.keys.shards("inflight"):
-                pipe.zcard(shard)
-            return sum(int(n) for n in pipe.execute())
+            sizes = on_shards(self.client, self.keys.shards("inflight"), lambda pipe, shard: pipe.zcard(shard))
+        return sum(int(n) for n in sizes)
 
     def touch(self, session_id: str, deadline_ms: int | None = None) -> None:
         """Set a session's deadline (default: server now + `deadline_ms`)."""
@@ -88,3 +86,24 @@ class InflightIndex:
         with redis_errors(self.client, "read the Redis server's time"):
             seconds, micros = cast(tuple[int, int], self.client.time())
         return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _due_per_node(client: Any, shards: list[str], before: str, limit: int) -> list[tuple[bytes | str, float]] | None:
+    """On a Redis Cluster, the due entries of every shard, one script call per primary (lua/due_in_shards.lua);
+    None on one Redis, or when a node refused the script (Redis 6, a slot that moved during a failover)."""
+    if not is_cluster(client) or len(shards) != SLOTS:
+        return None
+    by_node: dict[str, tuple[Any, list[str]]] = {}
+    slot_map = client.nodes_manager.slots_cache  # slot -> [primary, replicas...]: read, never changed here
+    rows: list[tuple[bytes | str, float]] = []
+    try:
+        for slot, shard in enumerate(shards):  # one shard per slot, in slot order (RedisKeys.shards)
+            node = slot_map[slot][0]
+            by_node.setdefault(node.name, (node, []))[1].append(shard)
+        for node, node_shards in by_node.values():
+            script = load_script(client.get_redis_connection(node), "lousho.fleet:due_in_shards")
+            flat = cast(list[bytes | str], script(keys=node_shards[:1], args=[before, limit, *node_shards]))
+            rows += [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
+    except (redis.RedisError, KeyError, IndexError):  # a slot not mapped, or moved: the caller pipelines
+        return None
+    return rows
