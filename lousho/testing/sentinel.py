@@ -81,6 +81,9 @@ class SentinelGroup:
                 port = free_port()
                 self.data_ports.append(port)
                 self._start_data(port, primary)
+            # replicas in sync before the sentinels start: a sentinel's first INFO of the primary then lists
+            # them all (it asks again only every 10 s)
+            self._wait(lambda: self._replicas_online(primary), "the replicas to sync")
             for _ in range(self.sentinel_count):
                 port = free_port()
                 self.sentinel_ports.append(port)
@@ -125,16 +128,17 @@ class SentinelGroup:
         )
         self._spawn(port, [self.binary, str(conf), "--sentinel"])
 
-    def _ready(self, primary: int) -> bool:
+    def _replicas_online(self, primary: int) -> bool:
         with contextlib.suppress(redis.RedisError), redis.Redis(port=primary, socket_timeout=1) as client:
             info = client.info("replication")
-            online = sum(
-                1
-                for k, v in info.items()
-                if k.startswith("slave") and isinstance(v, dict) and v.get("state") == "online"
-            )
-            if online < self.replica_count:
-                return False
+            online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
+            return sum(v.get("state") == "online" for v in online) >= self.replica_count
+        return False
+
+    def _ready(self, primary: int) -> bool:
+        """The replicas in sync, and every sentinel sees them and the other sentinels."""
+        if not self._replicas_online(primary):
+            return False
         for port in self.sentinel_ports:
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as sentinel:
                 state = sentinel.execute_command("SENTINEL", "MASTER", self.master)

@@ -219,6 +219,33 @@ def test_the_outbox_stays_on_when_store_and_broker_name_the_same_sentinel_master
         store.close()
 
 
+def test_a_store_writes_on_when_a_failover_demotes_the_master_it_is_connected_to(
+    own_sentinel_group: SentinelGroup, redis_prefix: str
+) -> None:
+    """A manual failover leaves the old master running, as a replica: the store's open connection to it
+    gets READONLY, which redis-py's Sentinel connection turns into a reconnect to the new master."""
+    group = own_sentinel_group
+    store = RedisStore(group.url, prefix=redis_prefix, min_replicas_acked=1)
+    try:
+        store.checkpoints.save("moved", checkpoint("moved", 1))
+        old = group.primary_port()
+        with redis.Redis(port=group.sentinel_ports[0], socket_timeout=5) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", group.master)
+        new = group.wait_failover(old)
+        with redis.Redis(port=old, socket_timeout=5) as demoted:  # alive, and made a replica by the sentinel
+            deadline = time.monotonic() + 30
+            while demoted.info("replication")["role"] != "slave" and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert demoted.info("replication")["role"] == "slave"
+        store.checkpoints.save("moved", checkpoint("moved", 2))
+        stored = store.checkpoints.load("moved")
+        assert stored is not None and stored.version == 2
+        with redis.Redis(port=new, socket_timeout=5) as master:
+            assert master.exists(store.keys.head("moved")) == 1
+    finally:
+        store.close()
+
+
 # -- the fleet's crash tests through Sentinel ---------------------------------------------------------
 
 
