@@ -132,7 +132,7 @@ class SentinelGroup:
         with contextlib.suppress(redis.RedisError), redis.Redis(port=primary, socket_timeout=1) as client:
             info = client.info("replication")
             online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-            return sum(v.get("state") == "online" for v in online) >= self.replica_count
+            return bool(sum(v.get("state") == "online" for v in online) >= self.replica_count)
         return False
 
     def _ready(self, primary: int) -> bool:
@@ -202,7 +202,7 @@ class SentinelGroup:
         def rejoined() -> bool:
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
                 info = client.info("replication")
-                return info.get("role") == "slave" and info.get("master_link_status") == "up"
+                return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
             return False
 
         self._wait(rejoined, f"the server on port {port} to rejoin as a replica")
