@@ -79,6 +79,7 @@ class SqlStore(SessionsOfCheckpoints):
 
     def close(self) -> None:
         """Close pooled connections (the store opens new ones if used again)."""
+        self._db.save_connections.close()
         self._db.engine.dispose()
 
     def __repr__(self) -> str:

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
-from lousho.stores.sql_driver import DriverTransaction, driver_transaction, instrumented
+from lousho.stores.sql_driver import DriverTransaction, SaveConnections, driver_transaction, instrumented
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
 
@@ -146,6 +146,9 @@ class SqlDatabase:
         self.schema = schema
         self.meta, self.checkpoints, self.history, self.approvals, self.messages = tables(schema)
         self.engine = self._create_engine(dict(engine_kwargs or {}))
+        # A file's connections only: an in-memory database lives in its one connection (SingletonThreadPool).
+        keep = self.engine.dialect.name == "sqlite" and isinstance(self.engine.pool, sa.pool.QueuePool)
+        self.save_connections = SaveConnections(self.engine, keep=keep)
         self._ready = False
         self._ready_lock = threading.Lock()
 
@@ -217,8 +220,9 @@ class SqlDatabase:
                 yield DriverTransaction(connection=conn)
             return
         self.ensure_tables()
-        begin = "BEGIN IMMEDIATE" if self.engine.dialect.name == "sqlite" else None
-        with self.translate(), driver_transaction(self.engine, begin) as transaction:
+        dialect = self.engine.dialect
+        begin = "BEGIN IMMEDIATE" if dialect.name == "sqlite" else None
+        with self.translate(), driver_transaction(self.save_connections, dialect, begin) as transaction:
             yield transaction
 
     @contextmanager

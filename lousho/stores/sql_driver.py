@@ -12,6 +12,10 @@ translation of driver errors (`exc.DBAPIError.instance`, so `IntegrityError` and
 
 from __future__ import annotations
 
+import operator
+import os
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -21,7 +25,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
-__all__ = ["DriverStatement", "DriverTransaction", "driver_transaction", "instrumented"]
+__all__ = ["DriverStatement", "DriverTransaction", "SaveConnections", "driver_transaction", "instrumented"]
 
 
 class DriverStatement:
@@ -36,6 +40,7 @@ class DriverStatement:
         binds = {name: bind for bind, name in compiled.bind_names.items()}  # by the name the SQL renders
         self._positional = compiled.positional
         self._names: list[str] = list(compiled.positiontup or []) if compiled.positional else list(binds)
+        self._pick = _picker(self._names)
         self._fixed = {name: bind.value for name, bind in binds.items() if bind.value is not None}
         """Values the statement holds itself (a LIMIT's)."""
         self._processors: dict[str, Callable[[Any], Any]] = {}
@@ -52,8 +57,18 @@ class DriverStatement:
                 merged[name] = processor(merged[name])
             values = merged
         if self._positional:
-            return tuple(values[name] for name in self._names)
+            return self._pick(values)
         return {name: values[name] for name in self._names}
+
+
+def _picker(names: list[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """`values` -> the tuple of `values[name]` for each of `names`, in C (`itemgetter`)."""
+    if not names:
+        return lambda values: ()
+    if len(names) == 1:
+        name = names[0]
+        return lambda values: (values[name],)
+    return operator.itemgetter(*names)
 
 
 class DriverTransaction:
@@ -101,24 +116,84 @@ class _Failed(Exception):
         self.sql, self.params, self.error = sql, params, error
 
 
+class SaveConnections:
+    """Where a save's DBAPI connection comes from. PostgreSQL: the pool, per save (a checkout pings the
+    server, so a restart costs no failed save). SQLite (`keep`): one connection per thread, taken from the
+    pool once and detached from it (so held ones never starve the pool), since a checkout and checkin cost
+    a save as much as two of its statements (issue #20). A thread gets a new one after a driver error,
+    after `close()` (`SqlStore.close`), and in a forked child (the parent's is never touched there)."""
+
+    def __init__(self, engine: Engine, *, keep: bool) -> None:
+        self._engine = engine
+        self._keep = keep
+        self._local = threading.local()
+        self._held: weakref.WeakSet[Any] = weakref.WeakSet()
+        """Every thread's kept connection, for `close()`; one whose thread ended goes with its thread-local."""
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> Any:
+        """A connection for one save (`give_back` it after)."""
+        if not self._keep:
+            return self._engine.raw_connection()
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            pid, generation, connection = held
+            if pid == os.getpid() and generation == self._generation:
+                return connection
+            if pid != os.getpid():
+                _INHERITED.append(connection)  # closing SQLite's connection in a forked child is unsafe
+        connection = self._engine.raw_connection()
+        connection.detach()
+        with self._lock:
+            self._held.add(connection)
+            self._local.held = (os.getpid(), self._generation, connection)
+        return connection
+
+    def give_back(self, connection: Any, *, failed: bool) -> None:
+        """Keep it (SQLite, no error), else close it (back to the pool; a kept one for good)."""
+        if self._keep and not failed:
+            return
+        if self._keep:
+            self._local.held = None
+            with self._lock:
+                self._held.discard(connection)
+        _quietly(connection.close)
+
+    def close(self) -> None:
+        """Close every kept connection (`SqlStore.close`); threads take new ones when they save again."""
+        with self._lock:
+            held, self._held = list(self._held), weakref.WeakSet()
+            self._generation += 1
+        for connection in held:
+            _quietly(connection.close)
+
+
+_INHERITED: list[Any] = []
+"""Kept connections a forked child inherited: referenced, so never closed (nor collected) there."""
+
+
 @contextmanager
-def driver_transaction(engine: Engine, begin: str | None) -> Iterator[DriverTransaction]:
-    """A transaction on a connection of `engine`'s pool, committed when the block ends, rolled back
+def driver_transaction(
+    connections: SaveConnections, dialect: Dialect, begin: str | None
+) -> Iterator[DriverTransaction]:
+    """A transaction on a connection from `connections`, committed when the block ends, rolled back
     if it raises. `begin`: the statement that opens it (SQLite: BEGIN IMMEDIATE, since the engine's
     connections are in autocommit mode); None where the driver opens one by itself (psycopg).
 
     A driver error raises as SQLAlchemy wraps it (`exc.IntegrityError`, `exc.OperationalError`...),
     and a connection the dialect finds disconnected is dropped from the pool."""
-    dialect, dbapi = engine.dialect, engine.dialect.dbapi
+    dbapi = dialect.dbapi
     assert dbapi is not None
-    connection = engine.raw_connection()
-    cursor = None
+    connection = connections.take()
+    cursor, failed = None, True
     try:
         cursor = connection.cursor()
         if begin is not None:
             cursor.execute(begin)
         yield DriverTransaction(cursor)
         connection.commit()
+        failed = False
     except BaseException as raised:
         _quietly(connection.rollback)
         error = raised.error if isinstance(raised, _Failed) else raised
@@ -133,7 +208,7 @@ def driver_transaction(engine: Engine, begin: str | None) -> Iterator[DriverTran
     finally:
         if cursor is not None:
             _quietly(cursor.close)
-        _quietly(connection.close)
+        connections.give_back(connection, failed=failed)
 
 
 def _quietly(call: Callable[[], object]) -> None:
