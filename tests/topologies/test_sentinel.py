@@ -398,3 +398,13 @@ def test_the_sentinel_example_finishes_a_job_whose_approval_is_decided_after_a_f
     done = run_clean([sys.executable, "-c", block], cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, timeout_s=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["Your day in Oslo: sunny, lunch at Casa Oslo (booked for 2).", "True"]
+
+
+def test_the_replica_ack_bench_measures_each_setting_in_one_run() -> None:
+    require_sentinel_binary()
+    from bench.replica_ack import measure, render
+
+    figures = measure(rounds=1, steps=3)
+    assert sorted(figures.median_ms) == [0, 1, 2] and figures.saves == 3
+    assert all(ms > 0 for ms in figures.median_ms.values())
+    assert [line.split("|")[1].strip() for line in render(figures).splitlines()[2:5]] == ["0", "1", "2"]
