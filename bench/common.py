@@ -3,6 +3,7 @@ versions, the Redis target, and running a part in a child process of its own."""
 
 from __future__ import annotations
 
+import cProfile
 import gc
 import importlib
 import importlib.metadata
@@ -11,6 +12,7 @@ import os
 import platform
 import queue
 import re
+import signal
 import sqlite3
 import statistics
 import subprocess
@@ -189,3 +191,24 @@ def isolated(target: str, timeout_s: float = 600.0, **kwargs: Any) -> Any:
     if "error" in result:
         raise RuntimeError(result["error"] + ("\n" + result["traceback"] if "traceback" in result else ""))
     return result["ok"]
+
+
+PROFILE_START, PROFILE_STOP = signal.SIGRTMIN + 3, signal.SIGRTMIN + 4
+"""Real-time signals: Celery's worker handles SIGUSR1/SIGUSR2 itself."""
+
+
+def profile_between_signals() -> None:
+    """With `LOUSHO_BENCH_PROFILE=<file>`, PROFILE_START starts cProfile in this process (a solo worker runs
+    its tasks in the main thread, where signal handlers run) and PROFILE_STOP stops it and writes the file:
+    `bench.profile_hop` profiles a steady state only, not the worker's start or its idle waits."""
+    path = os.environ.get("LOUSHO_BENCH_PROFILE")
+    if not path:
+        return
+    profiler = cProfile.Profile()
+
+    def stop(*_: Any) -> None:
+        profiler.disable()
+        profiler.dump_stats(path)
+
+    signal.signal(PROFILE_START, lambda *_: profiler.enable())
+    signal.signal(PROFILE_STOP, stop)

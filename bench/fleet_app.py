@@ -26,6 +26,7 @@ from typing import Any
 from celery import signals
 from pydantic import BaseModel
 
+from bench.common import profile_between_signals
 from lousho import Agent, ToolContext, define_tool
 from lousho.events import CheckpointSavedEvent, Event
 from lousho.providers import ScriptedProvider, tool_calls
@@ -44,6 +45,7 @@ SETTINGS = FleetSettings(
     queue=os.environ["LOUSHO_BENCH_QUEUE"],
 )
 store = RedisStore(URL, prefix=PREFIX)
+profile_between_signals()  # bench.profile_hop (issue #20)
 redis = store.client
 
 

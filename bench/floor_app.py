@@ -16,6 +16,7 @@ import time
 import redis as redis_py
 from celery import Celery
 
+from bench.common import profile_between_signals
 from lousho.fleet.settings import celery_config
 from lousho.worker import FleetSettings, broker_url
 
@@ -27,6 +28,7 @@ HOP = "bench.hop"
 app = Celery("lousho-floor", set_as_current=False)
 app.conf.update(celery_config(os.environ.get("LOUSHO_BENCH_BROKER") or broker_url(URL), SETTINGS))
 redis = redis_py.Redis.from_url(URL)
+profile_between_signals()  # bench.profile_hop (issue #20)
 
 
 def send_hop(client_app: Celery, chain: str, remaining: int) -> None:

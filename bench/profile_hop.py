@@ -1,15 +1,16 @@
 """Where a fleet hop's time goes (issue #20): `python -m bench.profile_hop [--out FILE] [--quick]`.
 
-One solo worker process runs under cProfile twice, serving a small and then a larger batch of
-sessions; the difference between the two profiles, divided by the difference in task hops, is the
-steady-state cost of one hop by area: Celery's own machinery (celery, kombu, billiard, vine),
-redis-py, waiting on sockets (Redis round trips and the broker's BRPOP), JSON, pydantic, lousho,
-asyncio, and the rest. The same is measured for the floor: a chain of bare Celery tasks on the same
+One solo worker process serves a batch of sessions queued at once, under cProfile from just after
+it started serving them until they are done (started and stopped by signals: no worker start, no idle
+wait in the profile); its own time by area, divided by the task hops, is the steady-state cost of one
+hop by area: Celery's own machinery (celery, kombu, billiard, vine),
+redis-py, waiting on sockets (Redis replies, the broker), JSON, pydantic, lousho, asyncio, and the
+rest. The profile counts wall time, so on a busy machine every area grows a little and the waiting most. The same is measured for the floor: a chain of bare Celery tasks on the same
 broker. Redis commands per hop are counted by MONITOR (commands run inside a Lua script count one
 by one, as INFO commandstats counts them). Writes a Markdown table (default: docs/bench/profile.md).
 
-cProfile slows Python code down, and wait time does not slow down, so the areas' shares are a guide
-to what to change, not figures to compare with `python -m bench`'s latencies.
+cProfile slows Python code down and waiting not, so the areas' shares are a guide to what to change,
+not figures to compare with `python -m bench`'s latencies.
 """
 
 from __future__ import annotations
@@ -31,19 +32,18 @@ from typing import Any
 
 import redis
 
-from bench.common import ROOT, redis_target, revision
+from bench.common import PROFILE_START, PROFILE_STOP, ROOT, redis_target, revision
 from bench.fleet import Fleet
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sizes:
     turns: int = 10
-    small: int = 4
-    large: int = 24
-    """Sessions (or chains) of `turns` turns in the two profiled runs: the difference is 20 x 21 hops."""
+    sessions: int = 24
+    """Sessions (or chains) of `turns` turns in the profiled run: 24 x 21 hops."""
 
 
-QUICK = Sizes(turns=2, small=1, large=2)
+QUICK = Sizes(turns=2, sessions=3)
 """`--quick`, the CI smoke."""
 
 AREAS = (
@@ -80,16 +80,19 @@ def areas(profile: Path) -> dict[str, float]:
     return dict(found)
 
 
-def profiled_run(fleet: Fleet, sessions: int, turns: int, out: Path) -> None:
-    """A solo worker under cProfile serves one warm-up session, then `sessions` at once; SIGTERM ends it."""
+def profiled_run(fleet: Fleet, sessions: int, turns: int, out: Path) -> float:
+    """A solo worker serves one warm-up session; then cProfile runs in it (`bench.common.profile_between_signals`)
+    while it serves `sessions` sessions enqueued at once, so the queue is never empty and the profile holds
+    neither the worker's start nor idle waits; SIGTERM ends it."""
     command = [
-        sys.executable, "-m", "cProfile", "-o", str(out), "-m", "celery", "-A", {"lousho": "bench.fleet_app", "floor": "bench.floor_app"}[fleet.kind],
+        sys.executable, "-m", "celery", "-A", {"lousho": "bench.fleet_app", "floor": "bench.floor_app"}[fleet.kind],
         "worker", "-P", "solo", "-Q", fleet.queue, "-n", f"profile-{uuid.uuid4().hex[:6]}@%h",
         "--without-mingle", "--without-gossip", "-l", "INFO",
     ]  # fmt: skip
     log_path = Path(fleet.log_dir) / f"{out.stem}.log"
+    env = {**os.environ, **fleet.env, "LOUSHO_BENCH_PROFILE": str(out)}
     with open(log_path, "wb") as log:
-        worker = subprocess.Popen(command, env={**os.environ, **fleet.env}, cwd=ROOT, stdout=log, stderr=log)
+        worker = subprocess.Popen(command, env=env, cwd=ROOT, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 60
         while " ready." not in log_path.read_text(errors="replace"):
@@ -98,12 +101,22 @@ def profiled_run(fleet: Fleet, sessions: int, turns: int, out: Path) -> None:
             time.sleep(0.1)
         fleet.start(f"warm-{uuid.uuid4().hex[:6]}", 2)
         fleet.wait_done(1, timeout_s=120)
-        for _ in range(sessions):
-            fleet.start(f"s-{uuid.uuid4().hex[:8]}", turns)
+        names = [f"s-{uuid.uuid4().hex[:8]}" for _ in range(sessions)]
+        for name in names[:2]:  # queued before the profile starts: the worker never waits inside it
+            fleet.start(name, turns)
+        worker.send_signal(PROFILE_START)
+        started = time.monotonic()
+        for name in names[2:]:
+            fleet.start(name, turns)
         fleet.wait_done(sessions, timeout_s=300)
+        elapsed_s = time.monotonic() - started
+        worker.send_signal(PROFILE_STOP)
+        while not out.exists() and worker.poll() is None:
+            time.sleep(0.05)
     finally:
-        worker.send_signal(signal.SIGTERM)  # a warm shutdown: cProfile writes its file on the way out
+        worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=120)
+    return elapsed_s
 
 
 def commands_per_hop(fleet: Fleet, url: str, turns: int) -> float:
@@ -136,15 +149,14 @@ def commands_per_hop(fleet: Fleet, url: str, turns: int) -> float:
 def profile(kind: str, url: str, folder: Path, sizes: Sizes) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     fleet = Fleet(url, client, f"lousho-profile-{uuid.uuid4().hex[:8]}:", kind, str(folder))
-    small, large = folder / f"{kind}-small.prof", folder / f"{kind}-large.prof"
-    profiled_run(fleet, sizes.small, sizes.turns, small)
-    profiled_run(fleet, sizes.large, sizes.turns, large)
+    out = folder / f"{kind}.prof"
+    elapsed_s = profiled_run(fleet, sizes.sessions, sizes.turns, out)
     fleet.scale(1)
     per_hop_commands = commands_per_hop(fleet, url, sizes.turns)
     fleet.close()
-    hops = (sizes.large - sizes.small) * (2 * sizes.turns + 1)
-    few, many = areas(small), areas(large)
-    per_hop = {area: (many.get(area, 0.0) - few.get(area, 0.0)) * 1000 / hops for area in many}
+    hops = sizes.sessions * (2 * sizes.turns + 1)
+    per_hop = {area: own_s * 1000 / hops for area, own_s in areas(out).items()}
+    per_hop["not in the profile (the worker loop between tasks)"] = elapsed_s * 1000 / hops - sum(per_hop.values())
     return {"ms_per_hop": per_hop, "commands_per_hop": per_hop_commands}
 
 
@@ -155,10 +167,13 @@ def render(results: dict[str, dict[str, Any]], sizes: Sizes) -> str:
     lines = [
         "# Where a fleet hop's time goes",
         "",
-        f"`python -m bench.profile_hop`, lousho at {revision()}: own time per task hop under cProfile, by area, "
-        f"steady state (a run of {sizes.large} sessions of {sizes.turns} turns minus a run of {sizes.small}, one solo worker), "
+        f"`python -m bench.profile_hop`, lousho at {revision()}: wall time per task hop under cProfile, by area, "
+        f"steady state ({sizes.sessions} sessions of {sizes.turns} turns queued at once on one solo worker, profiled only "
+        "while it serves them), "
         "against the floor (a chain of bare Celery tasks, same broker and settings). cProfile slows Python "
-        "code more than it slows waiting: read the shares, not the totals.",
+        "code more than it slows waiting: read the shares, not the totals. Waiting on sockets grows with the "
+        f"machine's load (load average {os.getloadavg()[0]:.1f} at the end of this run); the CPU areas hold still "
+        "from run to run.",
         "",
         "| area | lousho, ms per hop | floor, ms per hop | lousho - floor |",
         "| - | - | - | - |",
