@@ -39,7 +39,7 @@ from tests.chaos.harness import (
     save_log,
     settled_count,
 )
-from tests.fixtures.rabbitmq import amqp_fleet, delete_queues
+from tests.fixtures.rabbitmq import AmqpChaosFleet, amqp_fleet, delete_queues
 
 SESSIONS = pick(8, 60)
 RESTARTS = pick(["stop"], ["stop", "SIGKILL", "stop"])
@@ -64,7 +64,7 @@ def rabbitmq_chaos(
 ) -> Iterator[tuple[RabbitMQNode, ChaosFleet]]:
     """A chaos fleet on a RabbitMQ node of this test's own (it restarts it) and the run's Redis."""
     fleet = amqp_fleet(
-        rabbitmq_node.url, redis_url, redis_prefix, redis_client, tmp_path, ChaosFleet,
+        rabbitmq_node.url, redis_url, redis_prefix, redis_client, tmp_path, AmqpChaosFleet,
         LOUSHO_TEST_LEASE_TTL_S="2.0", LOUSHO_TEST_TRACK="1",
     )  # fmt: skip
     yield rabbitmq_node, fleet
