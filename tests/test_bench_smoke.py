@@ -78,3 +78,17 @@ def test_the_hop_profile_writes_a_row_per_area_for_lousho_and_the_floor(tmp_path
     for area in ("waiting on sockets", "redis-py", "celery, kombu, billiard, vine", "lousho", "pydantic", "**all**"):
         assert f"| {area} |" in table, table
     assert "Redis commands per hop" in table and "floor" in table
+
+
+def test_the_in_process_profile_writes_a_row_per_area_and_the_growing_functions(tmp_path: Path) -> None:
+    out = tmp_path / "inprocess_profile.md"
+    command = [sys.executable, "-m", "bench.profile_inprocess", "--quick", "--out", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=170, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = out.read_text()
+    areas = ("sqlalchemy", "sqlite3 driver (C: execute, commit)", "redis-py", "pydantic", "lousho.stores", "**all**")
+    for area in areas:
+        assert f"| {area} |" in table, table
+    assert "overhead: SqliteStore" in table and "RedisStore" in table
+    for store in ("SqliteStore", "RedisStore"):
+        assert f"Functions whose own time per step grows most with {store}" in table, table
