@@ -17,20 +17,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
 from lousho.errors import StoreUnavailableError
-from lousho.scheduler import Client
-from lousho.stores.redis import RedisStore
 from lousho.testing.redis_cluster import RedisClusterNodes
-from lousho.worker import FleetSettings, broker_url
 from tests.chaos.harness import (
     SEED,
     Approver,
@@ -38,7 +32,6 @@ from tests.chaos.harness import (
     ChaosFleet,
     Row,
     check_sessions,
-    drop_queue,
     install_scripts,
     pick,
     random_script,
@@ -46,7 +39,7 @@ from tests.chaos.harness import (
     save_log,
     settled_count,
 )
-from tests.topologies.test_cluster import require_cluster_binaries
+from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binaries
 
 SESSIONS = pick(12, 60)
 CRASHES = pick(1, 2)
@@ -65,64 +58,13 @@ run_reaper(client.store, client.app, settings)
 """
 
 
-class SplitClient:
-    """The test's Redis client as the harness uses it: commands on the fleet's session keys (hash-tagged, `{`)
-    go to the cluster, the test's own probes (scripts, counters, run logs, kill triggers) and the broker's queue
-    to the standalone Redis, where a failover cannot fail them: a probe is not what is under test."""
-
-    def __init__(self, cluster: redis.Redis, standalone: redis.Redis) -> None:
-        self.cluster, self.standalone = cluster, standalone
-
-    def __getattr__(self, name: str) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            first = args[0] if args else kwargs.get("match", "")
-            target = self.cluster if isinstance(first, str) and "{" in first else self.standalone
-            return getattr(target, name)(*args, **kwargs)
-
-        return call
-
-
-@dataclass
-class ClusterChaosFleet(ChaosFleet):
-    split: Any = None
-
-    @property
-    def redis(self) -> Any:
-        return self.split
-
-
 @pytest.fixture
 def cluster_chaos_fleet(
     redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> Iterator[tuple[RedisClusterNodes, ChaosFleet]]:
     require_cluster_binaries()
-    with RedisClusterNodes() as cluster:
-        prefix = f"chaos-{uuid.uuid4().hex[:8]}:"  # the probes' keys on the shared Redis are the test's own
-        queue = f"lousho-chaos-{uuid.uuid4().hex[:12]}"
-        env = {
-            "LOUSHO_TEST_FLEET_REDIS": cluster.url,
-            "LOUSHO_TEST_FLEET_BROKER": broker_url(redis_url),
-            "LOUSHO_TEST_PROBE_REDIS": redis_url,
-            "LOUSHO_TEST_FLEET_PREFIX": prefix,
-            "LOUSHO_TEST_FLEET_QUEUE": queue,
-            "LOUSHO_TEST_LEASE_TTL_S": "2.0",
-            "LOUSHO_TEST_TRACK": "1",
-            "PYTHONPATH": ROOT,
-        }
-        store = RedisStore(cluster.url, prefix=prefix)
-        client = Client(broker=broker_url(redis_url), store=store, settings=FleetSettings(queue=queue, lease_ttl_s=2.0))
-        fleet = ClusterChaosFleet(
-            env=env, queue=queue, prefix=prefix, store=store, client=client, log_dir=str(tmp_path),
-            split=SplitClient(store.client, redis_client),
-        )  # fmt: skip
-        try:
-            yield cluster, fleet
-        finally:
-            fleet.stop_all()
-            client.app.close()
-            drop_queue(redis_client, queue)
-            for key in list(redis_client.scan_iter(match=f"{prefix}*", count=1000)):
-                redis_client.delete(key)
+    with RedisClusterNodes() as cluster, chaos_fleet_on(cluster, redis_url, redis_client, tmp_path) as fleet:
+        yield cluster, fleet
 
 
 def busiest_primary(cluster: RedisClusterNodes) -> int:

@@ -10,7 +10,7 @@ slot, or in the shard of an index that holds only entries of its own slot: no gl
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import re
 import signal
 import threading
@@ -18,6 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import redis
@@ -29,8 +30,11 @@ from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_slots import key_slot, shard_tags
 from lousho.telemetry.metrics import StoreCollector
-from lousho.testing.redis_cluster import RedisClusterNodes, cluster_binaries
+from lousho.testing.redis_cluster import RedisClusterNodes
 from lousho.worker import FleetSettings, broker_url
+from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
+from tests.chaos import test_zombie_workers as zombies
+from tests.chaos.harness import ChaosFleet, Row, record
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.fleet.test_fleet_approvals_and_abort import (
     test_abort_cancels_the_running_call_and_new_input_continues_the_run as abort_cancels_and_new_input_continues,
@@ -42,6 +46,7 @@ from tests.fleet.test_fleet_crashes import assert_guarantees
 from tests.fleet.test_sub_agents_fleet import (
     test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_resumes_both as sub_agent_survives,
 )
+from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binaries
 
 pytestmark = pytest.mark.slow
 
@@ -50,16 +55,6 @@ FLEET_WIDE = {"workers", "reaper:lock", "telemetry:counters"}
 presence hash, the reaper's pass lock, the event counters. Each is in one slot like any key."""
 INDEXES = {"inflight", "running", "parked", "approvals:pending"}
 SHARD_TAGS = set(shard_tags())
-
-
-def require_cluster_binaries() -> None:
-    server, cli = cluster_binaries()
-    missing = [name for name, path in (("redis-server", server), ("redis-cli", cli)) if path is None]
-    if missing:
-        reason = f"{' and '.join(missing)} not found: the Redis Cluster tests need them (apt-get install redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(f"in CI every topology is tested: {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
@@ -268,3 +263,41 @@ def test_sessions_finish_with_every_guarantee_when_a_cluster_primary_is_killed_m
         fleet.stop_all()
         fleet.client.app.close()
         redis_client.delete(fleet.queue)
+
+
+@pytest.fixture
+def cluster_chaos_fleet(
+    redis_cluster: RedisClusterNodes, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[ChaosFleet]:
+    """The chaos suite's fleet with its store on the module's cluster, its probes on the standalone Redis."""
+    with chaos_fleet_on(redis_cluster, redis_url, redis_client, tmp_path) as fleet:
+        yield fleet
+
+
+def smaller_on_a_cluster(module: ModuleType, monkeypatch: pytest.MonkeyPatch, **sizes: int) -> None:
+    """Run a chaos scenario's body at `sizes`, its table row named as on a Cluster store."""
+    for name, value in sizes.items():
+        monkeypatch.setattr(module, name, value)
+
+    def record_on_a_cluster(row: Row) -> Row:
+        return record(dataclasses.replace(row, scenario=f"{row.scenario}, Redis Cluster store"))
+
+    monkeypatch.setattr(module, "record", record_on_a_cluster)
+
+
+@pytest.mark.timeout(180)
+def test_dropped_and_repeated_messages_change_nothing_on_a_cluster_store(
+    cluster_chaos_fleet: ChaosFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    smaller_on_a_cluster(lost_and_duplicate, monkeypatch, SESSIONS=10)
+    lost_and_duplicate.test_dropped_and_repeated_messages_change_nothing(cluster_chaos_fleet)
+    assert_no_global_key(cluster_chaos_fleet)
+
+
+@pytest.mark.timeout(180)
+def test_zombie_workers_never_land_a_stale_write_on_a_cluster_store(
+    cluster_chaos_fleet: ChaosFleet, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    smaller_on_a_cluster(zombies, monkeypatch, SESSIONS=8, PAUSES=3)
+    zombies.test_zombie_workers_never_land_a_stale_write(cluster_chaos_fleet, tmp_path)
+    assert_no_global_key(cluster_chaos_fleet)
