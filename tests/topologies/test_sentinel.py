@@ -1,19 +1,18 @@
 """The fleet on Redis Sentinel (issue #18): store and broker both named by one `redis+sentinel://` URL, on a
 private group (a primary, two replicas, a sentinel; `lousho.testing.sentinel`).
 
-The fleet's crash test (a SIGKILL mid-tool) and the approval across a worker restart run through Sentinel.
-A primary SIGKILLed mid-run: with replica acknowledgement on (`min_replicas_acked=1`: each save waits for
-`WAIT 1`) no save a worker or the client was told stood is missing on the new primary; with it off the loss
-is measured (it may be 0 in a run: not asserted) and every session still finishes with the guarantees.
+The URL forms; replica acknowledgement (`min_replicas_acked`: `WAIT` after each save); a failover that demotes
+the store's master; the fleet's crash test (a SIGKILL mid-tool), the approval across a worker restart and the
+zombie scenario through Sentinel; the docs' example. A primary SIGKILLed mid-run: test_sentinel_failover.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,14 +27,15 @@ from lousho.checkpoint import Checkpoint
 from lousho.errors import ConfigurationError, SaveNotReplicatedError, StoreUnavailableError
 from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client
-from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_sentinel import SentinelAddress, kombu_broker
 from lousho.testing.sentinel import SentinelGroup, sentinel_binary
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
 from lousho.worker.transport import rejected_key
-from tests.fleet.conftest import ROOT, Fleet, tool_turn
+from tests.chaos import test_zombie_workers as zombies
+from tests.chaos.harness import ChaosFleet, record
+from tests.fleet.conftest import ROOT, tool_turn
 from tests.fleet.test_fleet_approvals_and_abort import (
     test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker as approval_across_workers,
 )
@@ -70,8 +70,8 @@ def own_sentinel_group() -> Iterator[SentinelGroup]:
 
 
 @dataclass
-class ProbedFleet(Fleet):
-    """A `Fleet` whose test probes (scripts, counters, run logs) live on another Redis than the store: a
+class ProbedFleet(ChaosFleet):
+    """A `Fleet` (with the chaos suite's fault ledger) whose test probes (scripts, counters, run logs) live on another Redis than the store: a
     failover must not take the record of what happened with it."""
 
     probe: redis.Redis | None = None
@@ -283,108 +283,23 @@ def test_an_approval_decided_from_another_process_finishes_across_a_worker_resta
     approval_across_workers(fleet_on_sentinel)
 
 
-# -- a primary failover mid-run -----------------------------------------------------------------------
-
-
-def saves_logged(folder: Path) -> dict[str, int]:
-    """The highest version of each session that a worker was told stood (its save log, outside Redis)."""
-    acked: dict[str, int] = {}
-    for log in folder.glob("saves-*.log"):
-        for line in log.read_text().splitlines():
-            session, version = line.split("\t")[:2]
-            acked[session] = max(acked.get(session, 0), int(version))
-    return acked
-
-
-def stored_versions(store: RedisStore, sessions: list[str]) -> dict[str, int]:
-    for _ in range(100):
-        try:
-            return {s: (cp.version if (cp := store.checkpoints.load(s)) else 0) for s in sessions}
-        except StoreUnavailableError:
-            time.sleep(0.1)
-    raise AssertionError("the store stayed unreadable after the failover")
-
-
-def wait_through_failover(fleet: Fleet, sessions: list[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    last: BaseException = AssertionError("no wait")
-    while time.monotonic() < deadline:
-        try:
-            fleet.wait_for(sessions, timeout_s=5)
-            return
-        except (AssertionError, StoreUnavailableError) as exc:
-            last = exc
-    raise last
-
-
-def run_through_a_failover(group: SentinelGroup, fleet: ProbedFleet, tmp_path: Path) -> int:
-    """Ten sessions on three workers and `lousho reaper`'s loop; the primary is SIGKILLed while tools run.
-    Right after the failover the workers are frozen and every save they were told stood (the client's first
-    saves too) is looked for on the new primary. The saves lost; every session must then finish."""
-    saves = tmp_path / "saves"
-    saves.mkdir()
-    fleet.env["LOUSHO_TEST_SAVE_LOG"] = str(saves)
-    sessions = [f"f{i:02d}" for i in range(10)]
-    for session in sessions:
-        fleet.script(session, [
-            tool_turn((f"{session}-a", "work", {"n": 1, "sleep_s": 0.3})),
-            tool_turn((f"{session}-b", "work", {"n": 2, "sleep_s": 0.3})),
-            Message.assistant("done"),
-        ])  # fmt: skip
-    for _ in range(3):
-        fleet.start_worker()
-    stop = threading.Event()
-    reaper_store = RedisStore(group.url, prefix=fleet.prefix)  # its own client, as `lousho reaper` has
-    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.3, requeue_backoff_s=3.0)
-    reaper = threading.Thread(target=run_reaper, args=(reaper_store, fleet.client.app, settings), kwargs={"stop": stop})
-    reaper.start()
-    try:
-        for session in sessions:
-            fleet.client.enqueue("jobs", f"job {session}", session_id=session)
-        fleet.pid_running("f03-a")
-        old = group.kill_primary()
-        group.wait_failover(old)
-        for worker in fleet.workers:
-            worker.kill(signal.SIGSTOP)
-        acked = {**dict.fromkeys(sessions, 1), **saves_logged(saves)}
-        stored = stored_versions(fleet.store, sessions)
-        lost = sum(max(0, version - stored[session]) for session, version in acked.items())
-        for worker in fleet.workers:
-            worker.kill(signal.SIGCONT)
-        wait_through_failover(fleet, sessions, timeout_s=120)
-        assert_guarantees(fleet, sessions)
-        return lost
-    finally:
-        for worker in fleet.workers:
-            worker.kill(signal.SIGCONT)
-        stop.set()
-        reaper.join(timeout=10)
-        reaper_store.close()
-
-
 @pytest.mark.timeout(180)
-def test_a_primary_failover_loses_no_acknowledged_save_with_replica_acknowledgement(
-    own_sentinel_group: SentinelGroup, redis_url: str, redis_prefix: str, tmp_path: Path
+def test_zombie_workers_never_land_a_stale_write_on_sentinel_with_replica_acknowledgement(
+    sentinel_group: SentinelGroup, redis_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fleet = sentinel_fleet(own_sentinel_group, redis_prefix, tmp_path, probe_url=redis_url, acked=1)
+    """The chaos suite's zombie scenario, smaller: workers frozen past their lease while others take over,
+    then woken; with `WAIT` after each save, a stale save is still refused (fenced) and nothing is waited for."""
+    fleet = sentinel_fleet(sentinel_group, redis_prefix, tmp_path, acked=1)
+    fleet.env.update(LOUSHO_TEST_LEASE_TTL_S="2.0", LOUSHO_TEST_TRACK="1")
+    for name, value in {"SESSIONS": 8, "PAUSES": 3}.items():
+        monkeypatch.setattr(zombies, name, value)
+    monkeypatch.setattr(
+        zombies, "record", lambda row: record(dataclasses.replace(row, scenario=f"{row.scenario}, Redis Sentinel"))
+    )
     try:
-        assert run_through_a_failover(own_sentinel_group, fleet, tmp_path) == 0
+        zombies.test_zombie_workers_never_land_a_stale_write(fleet, tmp_path)
     finally:
         close_fleet(fleet)
-
-
-@pytest.mark.timeout(180)
-def test_a_primary_failover_without_replica_acknowledgement_still_finishes_every_session(
-    own_sentinel_group: SentinelGroup, redis_url: str, redis_prefix: str, tmp_path: Path,
-    record_property: pytest.RecordProperty,
-) -> None:  # fmt: skip
-    fleet = sentinel_fleet(own_sentinel_group, redis_prefix, tmp_path, probe_url=redis_url, acked=0)
-    try:
-        lost = run_through_a_failover(own_sentinel_group, fleet, tmp_path)
-    finally:
-        close_fleet(fleet)
-    record_property("acknowledged_saves_lost", lost)  # measured, not asserted: asynchronous replication
-    print(f"acknowledged saves lost in a failover without replica acknowledgement: {lost}")
 
 
 # -- docs/topologies.md ---------------------------------------------------------------------------------
