@@ -15,6 +15,7 @@ import pytest
 from kombu import Connection
 
 from lousho import Message
+from lousho.testing.rabbitmq import RabbitMQNode
 from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
 from tests.chaos import test_zombie_workers as zombies
 from tests.chaos.harness import ChaosFleet, Row, record
@@ -127,3 +128,23 @@ def test_on_quorum_queues_a_worker_killed_mid_tool_loses_nothing(rabbitmq_quorum
         )  # as it is: accepted
         with pytest.raises(connection.channel_errors, match="inequivalent arg 'x-queue-type'"):
             channel.queue_declare(fleet.queue, durable=True, auto_delete=False, arguments={"x-queue-type": "classic"})
+
+
+@pytest.mark.timeout(120)
+def test_a_job_queued_before_a_rabbitmq_restart_runs_after_it_without_the_reaper(
+    rabbitmq_fleet: Fleet, rabbitmq_run_node: RabbitMQNode | None
+) -> None:
+    """Celery's queues are durable and its messages persistent: what waits on the queue when RabbitMQ stops
+    is there when it starts again (docs/topologies.md), so no reaper is needed to run it."""
+    if rabbitmq_run_node is None:
+        pytest.skip("the run uses the machine's RabbitMQ, which this test may not restart")
+    fleet = rabbitmq_fleet
+    fleet.script("kept", [tool_turn(("k", "work", {"n": 7})), Message.assistant("kept")])
+    fleet.client.enqueue("jobs", "go", session_id="kept", require_worker=False)  # waits on the named queue
+    rabbitmq_run_node.restart()  # `rabbitmqctl stop`, then the same node on its data folder
+    with Connection(fleet.env["LOUSHO_TEST_FLEET_BROKER"]) as connection:
+        declared = connection.default_channel.queue_declare(fleet.queue, passive=True)
+    assert declared.message_count == 1  # the model turn's message survived the restart
+    fleet.start_worker()  # no reaper runs in this test
+    fleet.wait_for(["kept"], timeout_s=60)
+    assert fleet.counts("runs") == {"k": 1}
