@@ -15,9 +15,10 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -27,9 +28,14 @@ from lousho.checkpoint import Checkpoint
 from lousho.errors import ConfigurationError, SaveNotReplicatedError, StoreUnavailableError
 from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client
+from lousho.settings import LoushoSettings
 from lousho.stores.redis import RedisStore
+from lousho.stores.redis_approvals import RedisApprovalStore
+from lousho.stores.redis_checkpoints import RedisCheckpointStore
 from lousho.stores.redis_sentinel import SentinelAddress, kombu_broker
+from lousho.stores.registry import open_store
 from lousho.testing.sentinel import SentinelGroup, sentinel_binary
+from lousho.testing.store_contract import StoreContract
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
 from lousho.worker.transport import rejected_key
@@ -149,6 +155,19 @@ def test_a_sentinel_url_names_its_sentinels_master_db_and_password() -> None:
 def test_a_sentinel_url_without_master_or_port_is_a_configuration_error(url: str) -> None:
     with pytest.raises(ConfigurationError, match="redis\\+sentinel://"):
         RedisStore(url)
+
+
+def test_lousho_store_url_and_redis_url_open_a_sentinel_store(sentinel_group: SentinelGroup, redis_prefix: str) -> None:
+    for store in (
+        open_store(sentinel_group.url, prefix=redis_prefix),  # LOUSHO_STORE_URL
+        LoushoSettings(redis_url=sentinel_group.url, prefix=redis_prefix).redis_store(),  # LOUSHO_REDIS_URL
+    ):
+        assert isinstance(store, RedisStore)
+        assert "Redis Sentinel master 'mymaster'" in repr(store)  # never a server's address: it moves
+        store.checkpoints.save("opened", checkpoint("opened", 1))
+        assert store.checkpoints.load("opened") is not None
+        store.checkpoints.delete("opened")
+        store.close()
 
 
 def test_replica_acknowledgement_refuses_nonsense_settings(sentinel_group: SentinelGroup) -> None:
@@ -323,3 +342,22 @@ def test_the_replica_ack_bench_measures_each_setting_in_one_run() -> None:
     assert sorted(figures.median_ms) == [0, 1, 2] and figures.saves == 3
     assert all(ms > 0 for ms in figures.median_ms.values())
     assert [line.split("|")[1].strip() for line in render(figures).splitlines()[2:5]] == ["0", "1", "2"]
+
+
+class TestRedisStoreThroughSentinelWithReplicaAck(StoreContract):
+    """The whole store contract on a `redis+sentinel://` store whose every save waits for both replicas."""
+
+    @pytest.fixture
+    def store_factory(self, sentinel_group: SentinelGroup, redis_prefix: str) -> Callable[..., RedisStore]:
+        return lambda **options: RedisStore(
+            sentinel_group.url, **{"prefix": redis_prefix, "min_replicas_acked": 2, **options}
+        )
+
+    def write_raw(self, checkpoints: RedisCheckpointStore, session_id: str, raw: str | bytes) -> None:
+        checkpoints.put_raw(session_id, raw)
+
+    def write_raw_approval(self, approvals: RedisApprovalStore, approval_id: str, raw: str) -> None:
+        approvals.put_raw(approval_id, raw)
+
+    def read_raw(self, checkpoints: RedisCheckpointStore, session_id: str) -> Any:
+        return checkpoints.client.get(checkpoints.keys.head(session_id))
