@@ -38,7 +38,6 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -54,7 +53,7 @@ from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
-from lousho.stores.segments import Known, SessionCache, common_prefix
+from lousho.stores.segments import Known, SessionCache, common_prefix, new_writer_id
 
 __all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
 
@@ -191,7 +190,7 @@ class RedisCheckpointStore:
         if and_then is not None and fence is None:
             raise ValueError("save(and_then=...) needs fence=: the script after the save is given the lease key")
         body = self.codec.seal_head(checkpoint)
-        writer_id = uuid.uuid4().hex
+        writer_id = new_writer_id()
         known = self._cache.get(session_id)
         if self.codec.active and checkpoint.version > 1 and (known is None or known.version != checkpoint.version - 1):
             # Issue #17: encoded messages never equal byte for byte, so the script cannot find the stored

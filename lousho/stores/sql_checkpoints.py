@@ -22,7 +22,6 @@ the session is deleted; `delete(keep_history=True)` keeps the messages its histo
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -42,6 +41,7 @@ from lousho.stores.segments import (
     Transcript,
     encode_record,
     extend_segments,
+    new_writer_id,
     plan_save,
     split_record,
 )
@@ -115,7 +115,7 @@ class SqlCheckpointStore:
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
-        writer, previous = uuid.uuid4().hex, checkpoint.version - 1
+        writer, previous = new_writer_id(), checkpoint.version - 1
         try:
             with self._db.driver_write() as transaction:
                 self._write(transaction, session_id, checkpoint, writer)
