@@ -128,11 +128,13 @@ class SentinelGroup:
         )
         self._spawn(port, [self.binary, str(conf), "--sentinel"])
 
-    def _replicas_online(self, primary: int) -> bool:
+    def _replicas_online(self, primary: int, wanted: int | None = None) -> bool:
+        """Whether `wanted` (default: all) replicas of `primary` are in sync with it."""
+        wanted = self.replica_count if wanted is None else wanted
         with contextlib.suppress(redis.RedisError), redis.Redis(port=primary, socket_timeout=1) as client:
             info = client.info("replication")
             online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
-            return bool(sum(v.get("state") == "online" for v in online) >= self.replica_count)
+            return bool(sum(v.get("state") == "online" for v in online) >= wanted)
         return False
 
     def _ready(self, primary: int) -> bool:
@@ -183,11 +185,11 @@ class SentinelGroup:
             if port == old_primary or not self._master_healthy():
                 return False
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
-                info = client.info("replication")
-                return info.get("role") == "master" and int(info.get("connected_slaves", 0)) >= min(
-                    1, self.replica_count - 1
-                )
-            return False
+                if client.info("replication").get("role") != "master":
+                    return False
+            # a replica in sync ('online', not still loading the new master's data), so a save that waits
+            # for one (`min_replicas_acked=1`) can be confirmed
+            return self._replicas_online(port, min(1, self.replica_count - 1))
 
         self._wait(promoted, f"a replica to replace the master on port {old_primary}", timeout_s)
         return self.primary_port()
