@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChildEnv", "LoushoSettings", "default_redis_url", "fleet_env_var", "store_from_url"]
 
-_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://")  # Sentinel: issue #18
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+sentinel://", "redis+cluster://")  # issue #18
 _URL_FIELDS = ("redis_url", "store_url", "broker_url")
 
 
