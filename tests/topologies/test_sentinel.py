@@ -39,6 +39,7 @@ from lousho.testing.store_contract import StoreContract
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
 from lousho.worker.transport import rejected_key
+from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
 from tests.chaos import test_zombie_workers as zombies
 from tests.chaos.harness import ChaosFleet, record
 from tests.fleet.conftest import ROOT, tool_turn
@@ -331,6 +332,26 @@ def test_zombie_workers_never_land_a_stale_write_on_sentinel_with_replica_acknow
     )
     try:
         zombies.test_zombie_workers_never_land_a_stale_write(fleet, tmp_path)
+    finally:
+        close_fleet(fleet)
+
+
+@pytest.mark.timeout(180)
+def test_dropped_and_repeated_messages_change_nothing_on_sentinel(
+    sentinel_group: SentinelGroup, redis_prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos suite's duplicate-delivery scenario, smaller, with store and broker through Sentinel: every
+    send of workers, client and reaper dropped or sent twice, seeded; each session ends as it would have."""
+    fleet = sentinel_fleet(sentinel_group, redis_prefix, tmp_path)
+    fleet.env.update(LOUSHO_TEST_LEASE_TTL_S="2.0", LOUSHO_TEST_TRACK="1")
+    monkeypatch.setattr(lost_and_duplicate, "SESSIONS", 10)
+    monkeypatch.setattr(
+        lost_and_duplicate,
+        "record",
+        lambda row: record(dataclasses.replace(row, scenario=f"{row.scenario}, Redis Sentinel")),
+    )
+    try:
+        lost_and_duplicate.test_dropped_and_repeated_messages_change_nothing(fleet)
     finally:
         close_fleet(fleet)
 
