@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -104,10 +105,27 @@ class RedisClusterNodes:
                 timeout=self.startup_timeout_s,
             )
             self.wait_ok()
+            self.wait_replicas_synced()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def wait_replicas_synced(self, timeout_s: float | None = None) -> None:
+        """Until every replica has its primary's data (`master_link_status:up`): a primary killed before its
+        replica's first sync has no replica that may take over (its slots would stay unserved)."""
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        while not all(self._synced(port) for port in self.live_ports()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replicas of the Redis Cluster on ports {self.ports} did not sync")
+            time.sleep(0.1)
+
+    def _synced(self, port: int) -> bool:
+        """A primary, or a replica whose link to its primary is up."""
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
+            replication = cast(dict[str, Any], client.info("replication"))
+            return bool(replication.get("role") == "master" or replication.get("master_link_status") == "up")
+        return False
 
     def _start_node(self, port: int) -> None:
         assert self._dir is not None

@@ -62,12 +62,16 @@ def traced_web_app(receiver: OtlpReceiver) -> Iterator[Tracer]:
         provider.shutdown()
 
 
-def wait_for_spans(receiver: OtlpReceiver, session_id: str, done: str, timeout_s: float = 30.0) -> list[ReceivedSpan]:
-    """The session's spans, once the span of its finishing hop (named `done`) has come in."""
+def wait_for_spans(
+    receiver: OtlpReceiver, session_id: str, done: str, timeout_s: float = 30.0, at_least: int = 0
+) -> list[ReceivedSpan]:
+    """The session's spans, once the span of its finishing hop (named `done`) and `at_least` spans in all have
+    come in (each process exports on its own schedule: another's may come after the finishing one)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         spans = receiver.of_session(session_id)
-        if any(s.name == done and s.attributes.get("lousho.outcome") == "finished" for s in spans):
+        finished = any(s.name == done and s.attributes.get("lousho.outcome") == "finished" for s in spans)
+        if finished and len(spans) >= at_least:
             return spans
         time.sleep(0.1)
     raise AssertionError(f"no finishing span of {session_id}: {receiver.of_session(session_id)}")
@@ -153,9 +157,9 @@ def test_prefork_children_export_their_hops_spans_into_the_runs_trace(
     try:
         fleet.client.enqueue("jobs", "job f1", session_id="f1")
         fleet.wait_for(["f1"])
-        spans = wait_for_spans(otlp_receiver, "f1", "lousho.model_turn")
     finally:
-        worker.stop()
+        worker.stop()  # a warm shutdown: each child flushes what it has not exported yet
+    spans = wait_for_spans(otlp_receiver, "f1", "lousho.model_turn", at_least=5)  # the run and its 4 hops
 
     (root,) = [s for s in spans if s.name == "lousho.run"]
     hops = [s for s in spans if s is not root]
