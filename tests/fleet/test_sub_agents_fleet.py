@@ -44,7 +44,10 @@ def test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_re
         fleet.client.resolve_approval(listed.id, approved=True)
         fleet.wait_for(["trip", CHILD], timeout_s=60)
 
-        tasks = wait_for_tasks(flower, {f"{CHILD}/turn/1", f"{CHILD}/turn/2/tool/c-charge", f"{CHILD}/turn/3"})
+        # Only tasks run after the kill: a prefork worker buffers its task events and flushes them on its
+        # event loop's tick, so the SIGKILLed worker's last events (say, the child's turn 1) may never reach
+        # Flower. That is Celery's, not a lost step: the counts below check every step ran.
+        tasks = wait_for_tasks(flower, {f"{CHILD}/turn/2/tool/c-charge", f"{CHILD}/turn/3"})
 
     parent, child = fleet.client.checkpoint("trip"), fleet.client.checkpoint(CHILD)
     assert_finished_with_every_result(parent, "trip")
@@ -55,4 +58,4 @@ def test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_re
     assert runs == {"c-work": 2, "c-charge": 1}  # the killed call ran again (same tool_call_id); nothing else did
     assert set(fleet.counts("asked").values()) == {1}  # no model turn of either session was asked twice
     assert tasks[f"{CHILD}/turn/2/tool/c-charge"]["args"] == f"session={CHILD} turn=2 call=c-charge tool=charge"
-    assert tasks[f"{CHILD}/turn/1"]["name"] == "lousho.model_turn"
+    assert tasks[f"{CHILD}/turn/3"]["name"] == "lousho.model_turn"
