@@ -22,7 +22,7 @@ import redis
 
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
-from lousho.stores.redis_slots import SLOTS, is_cluster, on_shards
+from lousho.stores.redis_slots import is_cluster, key_slot, on_shards
 
 __all__ = ["InflightIndex"]
 
@@ -44,14 +44,17 @@ class InflightIndex:
         """The index's one key on a single Redis (the cluster layout has a shard per slot: `shards`)."""
         return self.keys.shards("inflight")[0]
 
-    def due(self, due_before_ms: int | None = None, limit: int | None = None) -> list[tuple[str, int]]:
+    def due(
+        self, due_before_ms: int | None = None, limit: int | None = None, shards: list[str] | None = None
+    ) -> list[tuple[str, int]]:
         """(session, deadline ms) of in-flight sessions whose deadline is before `due_before_ms`
-        (Redis server time; now when None), earliest first, over every shard."""
+        (Redis server time; now when None), earliest first, over `shards` (default: every shard)."""
+        shards = self.keys.shards("inflight") if shards is None else shards
         with redis_errors(self.client, "read the in-flight index"):
             if due_before_ms is None:
                 due_before_ms = self.server_time_ms()
             before = f"({due_before_ms}"
-            rows = _due_per_node(self.client, self.keys.shards("inflight"), before, limit or 0)
+            rows = _due_per_node(self.client, shards, before, limit or 0)
             if rows is None:  # one Redis, or a server that refused the script: a ZRANGEBYSCORE per shard
 
                 def read(pipe: Any, shard: str) -> object:
@@ -59,7 +62,7 @@ class InflightIndex:
                         shard, "-inf", before, start=0 if limit else None, num=limit, withscores=True
                     )
 
-                found = on_shards(self.client, self.keys.shards("inflight"), read)
+                found = on_shards(self.client, shards, read)
                 rows = [row for shard_rows in found for row in cast(list[tuple[bytes | str, float]], shard_rows)]
         earliest = heapq.nsmallest(limit, rows, key=lambda row: row[1]) if limit else sorted(rows, key=lambda r: r[1])
         return [(text(member), int(score)) for member, score in earliest]
@@ -91,14 +94,14 @@ class InflightIndex:
 def _due_per_node(client: Any, shards: list[str], before: str, limit: int) -> list[tuple[bytes | str, float]] | None:
     """On a Redis Cluster, the due entries of every shard, one script call per primary (lua/due_in_shards.lua);
     None on one Redis, or when a node refused the script (Redis 6, a slot that moved during a failover)."""
-    if not is_cluster(client) or len(shards) != SLOTS:
+    if not is_cluster(client) or not shards:
         return None
     by_node: dict[str, tuple[Any, list[str]]] = {}
     slot_map = client.nodes_manager.slots_cache  # slot -> [primary, replicas...]: read, never changed here
     rows: list[tuple[bytes | str, float]] = []
     try:
-        for slot, shard in enumerate(shards):  # one shard per slot, in slot order (RedisKeys.shards)
-            node = slot_map[slot][0]
+        for shard in shards:
+            node = slot_map[key_slot(shard)][0]
             by_node.setdefault(node.name, (node, []))[1].append(shard)
         for node, node_shards in by_node.values():
             script = load_script(client.get_redis_connection(node), "lousho.fleet:due_in_shards")

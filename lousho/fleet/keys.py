@@ -98,8 +98,10 @@ class FleetKeys:
         return self.store.keys.shards(index)
 
     @property
-    def reaper_lock(self) -> str:
-        return f"{self.store.prefix}reaper:lock"
+    def reaper_locks(self) -> list[str]:
+        """The reaper's pass locks: one on one Redis; on a Cluster one per slot group, each over the index
+        shards of its group's slots (`RedisKeys.shards_in_groups`), so no key is global (issue #18)."""
+        return self.store.keys.fleet_wide_shards("reaper:lock")
 
     def new_incarnation(self, session_id: str, epoch: str | None = None) -> None:
         """Make the session a new incarnation (lua/lib/epoch.lua, issue #21): a fresh epoch, and none of

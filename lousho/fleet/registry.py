@@ -5,7 +5,8 @@ A job whose agent no live worker serves used to be taken by whatever worker cons
 parked it (`LOUSHO_UNKNOWN_AGENT`) with the reason only in that worker's log; or it waited forever on a
 queue nobody consumed. Now each worker publishes what it serves, with a heartbeat, in one Redis hash per
 key prefix, `<prefix>workers`: field `<host>|<pid>` -> JSON `{"queues": [...], "agents": [...],
-"expires_ms": <Redis server ms>}`. A worker writes it when it is ready, again every `heartbeat_s`, and
+"expires_ms": <Redis server ms>}`. On a Redis Cluster that hash is sharded by slot group, each worker's
+entry in the shard of its id's group (`RedisKeys.fleet_wide_of`, issue #18): readers read the 16 shards. A worker writes it when it is ready, again every `heartbeat_s`, and
 deletes it when it shuts down; an entry whose `expires_ms` passed (a SIGKILLed worker: `lease_ttl_s`
 after its last beat) is not live. The publishing is the worker's (`lousho.worker.registry`); the layout,
 the reading and the routing are here, where the `Client` and the reaper share them.
@@ -26,6 +27,7 @@ from typing import Any, cast
 from lousho.errors import SDKError
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
+from lousho.stores.redis_slots import on_shards
 
 __all__ = ["LiveWorker", "ServedAgents", "WorkerRegistry", "agent_of", "app_queue"]
 
@@ -110,13 +112,18 @@ class ServedAgents:
 
 @dataclass(frozen=True)
 class WorkerRegistry:
-    """The workers' presence under one store's prefix (`<prefix>workers`)."""
+    """The workers' presence under one store's prefix (`<prefix>workers`; a shard per slot group on a Cluster)."""
 
     store: RedisStore
 
+    def key_of(self, worker_id: str) -> str:
+        """The hash that holds `worker_id`'s entry."""
+        return self.store.keys.fleet_wide_of("workers", worker_id)
+
     @property
-    def key(self) -> str:
-        return f"{self.store.prefix}workers"
+    def shards(self) -> list[str]:
+        """Every hash of the registry: one on one Redis, one per slot group on a Cluster."""
+        return self.store.keys.fleet_wide_shards("workers")
 
     def server_time_ms(self) -> int:
         with redis_errors(self.store.client, "read the Redis server's time"):
@@ -126,7 +133,12 @@ class WorkerRegistry:
     def entries(self) -> dict[str, dict[str, Any]]:
         """Every entry, live or expired (an unreadable one is left out)."""
         with redis_errors(self.store.client, "read the fleet's workers"):
-            raw = cast(dict[bytes | str, bytes | str], self.store.client.hgetall(self.key))
+            shards = on_shards(self.store.client, self.shards, lambda pipe, shard: pipe.hgetall(shard))
+        raw = {
+            field: value
+            for shard in cast(list[dict[bytes | str, bytes | str]], shards)
+            for field, value in shard.items()
+        }
         entries = {}
         for field, value in raw.items():
             try:

@@ -27,6 +27,7 @@ from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_slots import on_shards
 from lousho.telemetry.hooks import instrument_fleet, requeueing
 
 __all__ = ["Requeue", "reap_once", "run_reaper", "sweep_dead_workers"]
@@ -42,11 +43,15 @@ def reap_once(
     keys, inflight = FleetKeys(store), InflightIndex.of(store, settings.lease_ttl_ms)
     client = store.client
     lock_ms = max(100, round(settings.reaper_interval_s * 1000 * 0.8))
-    if not client.set(keys.reaper_lock, "1", nx=True, px=lock_ms):
+    # One lock on one Redis; on a Cluster one per slot group, and a pass reaps the groups it locked (issue #18)
+    taken = on_shards(client, keys.reaper_locks, lambda pipe, lock: pipe.set(lock, "1", nx=True, px=lock_ms))
+    held = [group for group, ok in enumerate(taken) if ok]
+    if not held:
         return []
     now_ms = inflight.server_time_ms() if now_ms is None else now_ms
     requeue = Requeue(store, app, settings, inflight, now_ms)
-    requeued = [session_id for session_id, _ in inflight.due(due_before_ms=now_ms, limit=limit) if requeue(session_id)]
+    due = inflight.due(due_before_ms=now_ms, limit=limit, shards=store.keys.shards_in_groups("inflight", held))
+    requeued = [session_id for session_id, _ in due if requeue(session_id)]
     if requeued:
         log.warning("reaper requeued %d session(s): %s", len(requeued), ", ".join(requeued[:20]))
     return requeued

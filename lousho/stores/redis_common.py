@@ -19,7 +19,7 @@ from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
-from lousho.stores.redis_slots import key_slot, shard_tags, slot_tag
+from lousho.stores.redis_slots import group_slots, group_tag, group_tags, key_slot, shard_tags, slot_group, slot_tag
 
 __all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
 
@@ -85,6 +85,27 @@ class RedisKeys:
         if not self.per_slot:
             return [f"{self.prefix}{index}"]
         return [f"{self.prefix}{{{tag}}}:{index}" for tag in shard_tags()]
+
+    def fleet_wide_of(self, name: str, member: str) -> str:
+        """The key of a fleet-wide record ('workers', 'telemetry:counters', 'reaper:lock') that holds `member`
+        (a worker's `<host>|<pid>`, ...): one key on one Redis; in the cluster layout, the shard of the slot
+        group of `member`'s slot, `<prefix>{<group tag>}:<name>` (issue #18: no global key)."""
+        if not self.per_slot:
+            return f"{self.prefix}{name}"
+        return f"{self.prefix}{{{group_tag(slot_group(key_slot(member)))}}}:{name}"
+
+    def fleet_wide_shards(self, name: str) -> list[str]:
+        """Every key of a fleet-wide record: one on one Redis, one per slot group in the cluster layout."""
+        if not self.per_slot:
+            return [f"{self.prefix}{name}"]
+        return [f"{self.prefix}{{{tag}}}:{name}" for tag in group_tags()]
+
+    def shards_in_groups(self, index: str, groups: list[int]) -> list[str]:
+        """The keys of an index for the slots of `groups` (the groups of `fleet_wide_shards`, by position): on
+        one Redis, its one key (group 0 is everything); in the cluster layout, a shard per slot of each group."""
+        if not self.per_slot:
+            return self.shards(index) if groups else []
+        return [f"{self.prefix}{{{slot_tag(slot)}}}:{index}" for group in groups for slot in group_slots(group)]
 
     def inflight_of(self, session_id: str) -> str:
         """The in-flight index key holding `session_id`'s deadline (issue #18)."""

@@ -9,6 +9,11 @@ short string that hashes to the session's own slot (`slot_tag`). Every script ke
 and stays as atomic as on one Redis; a reader of a whole index (the reaper, listings, metrics) reads
 every shard (`shard_tags`: 16,384 at most, only those that exist hold anything).
 
+The fleet-wide keys no script touches with a session's keys (the workers' presence, the event counters,
+the reaper's pass lock) are sharded too, coarser: by slot group (`GROUPS` groups of consecutive slots,
+`group_tag`), so that no single key, and no single node, carries the whole fleet (issue #18: "nothing
+global"), while a reader of one (`Client.enqueue` reading the presence) reads 16 keys, not 16,384.
+
 Why not N fixed shards written outside the scripts: the reaper relies on a save of an 'in-progress'
 checkpoint and its deadline being one write (a session is never saved without a deadline), and the
 poison count and parked mark on the scripts' reads; splitting them would need new recovery rules.
@@ -31,14 +36,19 @@ from lousho.redaction import redact_url
 
 __all__ = [
     "CLUSTER_SCHEME",
+    "GROUPS",
     "SLOTS",
     "RedisCluster",
     "connect_cluster",
+    "group_slots",
+    "group_tag",
+    "group_tags",
     "is_cluster",
     "keep_slot_map_sound",
     "on_shards",
     "key_slot",
     "shard_tags",
+    "slot_group",
     "slot_tag",
 ]
 
@@ -78,6 +88,30 @@ def slot_tag(slot: int) -> str:
 def shard_tags() -> tuple[str, ...]:
     """Every index shard tag, one per slot."""
     return _tags()
+
+
+GROUPS = 16
+"""Slot groups of the fleet-wide keys on a Cluster: group g holds slots [g * 1024, (g + 1) * 1024)."""
+
+
+def slot_group(slot: int) -> int:
+    """The group of a slot."""
+    return slot * GROUPS // SLOTS
+
+
+def group_slots(group: int) -> range:
+    """The slots of a group."""
+    return range(group * SLOTS // GROUPS, (group + 1) * SLOTS // GROUPS)
+
+
+def group_tag(group: int) -> str:
+    """A group's hash tag: the shard tag of its first slot, so a group's key lives in one of its own slots."""
+    return slot_tag(group_slots(group)[0])
+
+
+def group_tags() -> tuple[str, ...]:
+    """Every group's tag, in group order."""
+    return tuple(group_tag(group) for group in range(GROUPS))
 
 
 def is_cluster(client: Any) -> bool:

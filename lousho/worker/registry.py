@@ -50,11 +50,9 @@ class Presence:
         entry = {"queues": self.queues, "agents": self.agents, "expires_ms": now_ms + self.ttl_ms}
         expired = [w for w, e in registry.entries().items() if w != self.worker_id and not _live(e, now_ms)]
         with redis_errors(registry.store.client, "publish this worker's agents"):
-            pipe = registry.store.client.pipeline(transaction=False)
-            pipe.hset(registry.key, self.worker_id, json.dumps(entry))
-            if expired:
-                pipe.hdel(registry.key, *expired)
-            pipe.execute()
+            registry.store.client.hset(registry.key_of(self.worker_id), self.worker_id, json.dumps(entry))
+            for worker_id in expired:  # each in its own shard on a Cluster (issue #18); rare: a worker that died
+                registry.store.client.hdel(registry.key_of(worker_id), worker_id)
 
     def start(self) -> Presence:
         """Publish now, then beat from a daemon thread until `stop()`."""
@@ -77,7 +75,7 @@ class Presence:
             self._thread.join(timeout=5)
         try:
             with redis_errors(self.registry.store.client, "take back this worker's agents"):
-                self.registry.store.client.hdel(self.registry.key, self.worker_id)
+                self.registry.store.client.hdel(self.registry.key_of(self.worker_id), self.worker_id)
         except StoreUnavailableError as exc:  # the entry expires by itself
             log.warning("could not take back this worker's agents: %s", exc)
 

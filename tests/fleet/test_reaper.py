@@ -71,9 +71,9 @@ def test_a_requeued_session_is_not_requeued_again_until_its_backoff_passes(fleet
     now = later(fleet)
 
     first = reap_once(fleet.store, recorder, settings, now_ms=now)
-    fleet.redis.delete(fleet.client.keys.reaper_lock, fleet.client.keys.requeued("once"))  # a worker took it
+    fleet.redis.delete(*fleet.client.keys.reaper_locks, fleet.client.keys.requeued("once"))  # a worker took it
     second = reap_once(fleet.store, recorder, settings, now_ms=now + 1_000)
-    fleet.redis.delete(fleet.client.keys.reaper_lock)
+    fleet.redis.delete(*fleet.client.keys.reaper_locks)
     third = reap_once(fleet.store, recorder, settings, now_ms=now + 31_000)
 
     assert (first, second, third) == (["once"], [], ["once"])
@@ -90,7 +90,7 @@ def test_a_requeue_still_waiting_on_the_queue_is_not_sent_again_until_it_may_be_
 
     passes = []
     for at in (now, now + 31_000, now + 62_000, now + settings.requeue_wait_ms + 1):
-        fleet.redis.delete(fleet.client.keys.reaper_lock)
+        fleet.redis.delete(*fleet.client.keys.reaper_locks)
         passes.append(reap_once(fleet.store, recorder, settings, now_ms=at))
 
     assert passes == [["waits"], [], [], ["waits"]]

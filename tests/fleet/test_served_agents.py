@@ -126,7 +126,7 @@ def test_enqueued_ahead_with_no_queue_named_the_reaper_sends_the_job_where_its_a
     assert reap_once(client.store, client.app, client.settings, now_ms=10**15) == []  # nobody serves it: it waits
     worker = _start("examples.webapp.agents", settings, "bookings", tmp_path)
     try:
-        redis_client.delete(client.keys.reaper_lock)  # the first pass's lock, not a reaper at work
+        redis_client.delete(*client.keys.reaper_locks)  # the first pass's lock, not a reaper at work
         assert reap_once(client.store, client.app, client.settings, now_ms=10**15) == [session]
         assert redis_client.llen(f"{redis_prefix}queue:booker") in (0, 1)  # sent to the booker's queue
         wait_until(lambda: client.status(session).status == "awaiting-approval", timeout_s=60)

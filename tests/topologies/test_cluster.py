@@ -25,10 +25,11 @@ import redis
 
 from lousho import Message
 from lousho.errors import StoreUnavailableError
+from lousho.fleet.inflight import InflightIndex
 from lousho.scheduler import Client, reap_once
 from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
-from lousho.stores.redis_slots import key_slot, shard_tags
+from lousho.stores.redis_slots import GROUPS, group_tags, key_slot, shard_tags, slot_group
 from lousho.telemetry.metrics import StoreCollector
 from lousho.testing.redis_cluster import RedisClusterNodes
 from lousho.worker import FleetSettings, broker_url
@@ -43,6 +44,7 @@ from tests.fleet.test_fleet_approvals_and_abort import (
     test_an_approval_is_resolved_from_another_process_and_finishes_on_another_worker as approval_across_workers,
 )
 from tests.fleet.test_fleet_crashes import assert_guarantees
+from tests.fleet.test_reaper import Recorder
 from tests.fleet.test_sub_agents_fleet import (
     test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_resumes_both as sub_agent_survives,
 )
@@ -51,8 +53,9 @@ from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binar
 pytestmark = pytest.mark.slow
 
 FLEET_WIDE = {"workers", "reaper:lock", "telemetry:counters"}
-"""Keys of the whole fleet that no script touches with another key (single-key commands only): the workers'
-presence hash, the reaper's pass lock, the event counters. Each is in one slot like any key."""
+"""Records of the whole fleet that no script touches with a session's keys: the workers' presence hash, the
+reaper's pass lock, the event counters. On a Cluster each is sharded by slot group (`RedisKeys.fleet_wide_of`)."""
+GROUP_TAGS = dict(zip(group_tags(), range(GROUPS), strict=True))
 INDEXES = {"inflight", "running", "parked", "approvals:pending"}
 SHARD_TAGS = set(shard_tags())
 
@@ -123,7 +126,9 @@ def global_keys(fleet: Fleet) -> list[str]:
     wrong = []
     for key in found:
         rest, tag = key[len(prefix) :], tag_of(key)
-        if rest.startswith("test:") or rest in FLEET_WIDE:
+        if rest.startswith("test:"):
+            continue
+        if tag in GROUP_TAGS and rest.partition(":")[2] in FLEET_WIDE and group_holds_only_its_own(client, key):
             continue
         if tag is not None and tag not in SHARD_TAGS:  # a session's own key: `{<session>}:<part>`
             continue
@@ -150,6 +155,15 @@ def shard_holds_only_its_slot(client: redis.Redis, shard: str, index: str, sessi
     return all(key_slot(f"{prefix}{{{m}}}:cp") == slot for m in members)
 
 
+def group_holds_only_its_own(client: redis.Redis, key: str) -> bool:
+    """Whether a fleet-wide record's shard holds only entries of its own slot group: the workers' presence,
+    each worker in the group of its `<host>|<pid>`; the lock and the counters have no entry to place."""
+    if not key.endswith("}:workers"):
+        return True
+    group = GROUP_TAGS[tag_of(key) or ""]
+    return all(slot_group(key_slot(worker.decode())) == group for worker in client.hkeys(key))
+
+
 def gauge(store: RedisStore, name: str) -> float:
     """One of the metrics collector's gauges, as a scrape would read it now."""
     return next(m.samples[0].value for m in StoreCollector(store).collect() if m.name == name)
@@ -158,6 +172,9 @@ def gauge(store: RedisStore, name: str) -> float:
 def assert_no_global_key(fleet: Fleet) -> None:
     reap_once(fleet.store, fleet.client.app, FleetSettings(queue=fleet.queue, reaper_interval_s=0.3))
     assert global_keys(fleet) == []
+    locks = fleet.store.keys.fleet_wide_shards("reaper:lock")
+    assert fleet.store.client.exists(*locks) >= 1  # the pass just made took its groups' locks: they were checked
+    assert not fleet.store.client.exists(f"{fleet.prefix}reaper:lock", f"{fleet.prefix}workers")
 
 
 @pytest.mark.timeout(120)
@@ -173,7 +190,8 @@ def test_a_fleet_on_a_cluster_store_finishes_every_session_when_a_worker_is_kill
     fleet.start_reaper()
     for session in [*sessions, "slow"]:
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
-    fleet.worker_with_pid(fleet.pid_running("slow-k")).kill(signal.SIGKILL)  # dies in the middle of the tool
+    killed = fleet.pid_running("slow-k")
+    fleet.worker_with_pid(killed).kill(signal.SIGKILL)  # dies in the middle of the tool
     inflight = fleet.store.keys.inflight_of("slow")
     assert fleet.redis.zscore(inflight, "slow") is not None  # its deadline, in the shard of its own slot
     assert key_slot(inflight) == key_slot(fleet.store.keys.head("slow")) and inflight != f"{fleet.prefix}inflight"
@@ -188,7 +206,30 @@ def test_a_fleet_on_a_cluster_store_finishes_every_session_when_a_worker_is_kill
     assert all("CROSSSLOT" not in w.log() for w in [*workers, *fleet.workers])
     assert sorted(fleet.client.sessions("finished")) == sorted([*sessions, "slow"])  # SCAN over every primary
     assert gauge(fleet.store, "lousho_sessions_in_flight") == 0
+    assert gauge(fleet.store, "lousho_reaper_requeues") >= 1  # counted in a group's shard, summed over them
+    served = fleet.client.registry.live()
+    live = {w.pid for w in fleet.workers if w.pid != killed}
+    assert {int(w.id.split("|")[1]) for w in served.workers} == live  # the presence, over every group's shard
     assert_no_global_key(fleet)
+
+
+def test_a_reaper_pass_reaps_only_the_slot_groups_whose_lock_it_takes(fleet_on_cluster: Fleet) -> None:
+    """Two reapers at once share a Cluster's groups, and neither requeues a session of the other's (issue #18)."""
+    store, inflight = fleet_on_cluster.store, InflightIndex.of(fleet_on_cluster.store, 0)
+    past = inflight.server_time_ms() - 1
+    sessions = [f"g{i}" for i in range(40)]  # spread over the slot groups
+    for session in sessions:
+        inflight.touch(session, past)
+    held_group = slot_group(key_slot(store.keys.head(sessions[0])))
+    other = Recorder(fleet_on_cluster.queue)
+    store.client.set(store.keys.fleet_wide_shards("reaper:lock")[held_group], "1", px=60_000)  # another reaper's
+    requeued = reap_once(store, other, FleetSettings(queue=fleet_on_cluster.queue))
+
+    in_held = {s for s in sessions if slot_group(key_slot(store.keys.head(s))) == held_group}
+    assert sessions[0] in in_held and set(requeued) == set(sessions) - in_held
+    assert [args[0] for _, args, _ in other.sent] == requeued
+    for session in sessions:
+        inflight.drop(session)
 
 
 @pytest.mark.timeout(120)
