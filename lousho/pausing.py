@@ -24,6 +24,7 @@ from lousho.tools import tool_error
 
 __all__ = [
     "NOT_RUN",
+    "approval_snapshot",
     "check_stored_calls_unchanged",
     "pause_for_approval",
     "prepare_resume",
@@ -53,31 +54,48 @@ async def pause_for_approval(
     have run already (`on_interrupted='ask'`, issue #17)."""
     store = run.approval_store
     assert store is not None
-    turn = checkpoint.last_tool_turn()
-    calls = turn[1].tool_calls if turn else []
-    remaining = calls[[c.id for c in calls].index(call.id) + 1 :]
     child = await maybe_await(store.load(child_approval_id)) if child_approval_id else None
     if child is not None and child.session_id == run.session_id:
         child = child.child  # this run's own earlier pause on it, whose checkpoint was never saved (a crash)
     approval_id = child_approval_id or f"appr_{uuid.uuid4().hex}"
     paused = run.stamp(checkpoint, status="awaiting-approval", approval_id=approval_id)
-    snapshot = ApprovalSnapshot(
-        id=approval_id,
-        session_id=run.session_id,
-        agent_name=run.agent.name,
-        tool_call=call,
-        remaining_tool_calls=remaining,
-        checkpoint=paused,
-        fingerprint=paused.fingerprint,
-        call_digest=call_digest(call, paused.fingerprint),
-        max_steps=run.max_steps,
-        child=child,
-        kind=kind,
+    snapshot = approval_snapshot(
+        paused, call, session_id=run.session_id, max_steps=run.max_steps, child=child, kind=kind
     )
     await maybe_await(store.save(snapshot))
     paused = await run.write(paused)
     await run.emit(ApprovalRequestedEvent(approval_id=approval_id, call=child.tool_call if child else call))
     return paused
+
+
+def approval_snapshot(
+    paused: Checkpoint,
+    call: ToolCall,
+    *,
+    session_id: str | None,
+    max_steps: int | None,
+    child: ApprovalSnapshot | None,
+    kind: ApprovalKind,
+) -> ApprovalSnapshot:
+    """The approval a session paused at `paused` ('awaiting-approval', stamped with its `approval_id`) waits on,
+    for `call`: what `pause_for_approval` writes, and what the fleet writes again from the checkpoint when a
+    Redis Cluster failover lost it (issue #18, `lousho.scheduler.approval_repair`)."""
+    assert paused.approval_id is not None
+    turn = paused.last_tool_turn()
+    calls = turn[1].tool_calls if turn else []
+    return ApprovalSnapshot(
+        id=paused.approval_id,
+        session_id=session_id,
+        agent_name=paused.agent_name,
+        tool_call=call,
+        remaining_tool_calls=calls[[c.id for c in calls].index(call.id) + 1 :],
+        checkpoint=paused,
+        fingerprint=paused.fingerprint,
+        call_digest=call_digest(call, paused.fingerprint),
+        max_steps=max_steps,
+        child=child,
+        kind=kind,
+    )
 
 
 async def prepare_resume(

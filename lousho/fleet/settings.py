@@ -43,6 +43,10 @@ class FleetSettings:
     """How often `lousho reaper` lists the worker processes connected to Redis: a tool call whose process
     is gone (SIGKILL, OOM killer) runs again at once, without waiting for its lease (issue #20,
     `lousho.fleet.liveness`). 0: never; the lease TTL alone then tells a dead worker."""
+    approval_repair_interval_s: float = 30.0
+    """How often `lousho reaper` looks for paused sessions whose approval record a Redis Cluster failover lost
+    in part, and writes it again from the checkpoint (`lousho.scheduler.approval_repair`, issue #18): a `SCAN`
+    of the session heads, so not on every pass. 0: never."""
     requeue_backoff_s: float = 30.0
     """After a requeue, how long the reaper leaves a session alone (a busy queue is not a dead worker)."""
     max_attempts: int = 3

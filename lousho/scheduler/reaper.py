@@ -25,6 +25,7 @@ from lousho.fleet.keys import FleetKeys
 from lousho.fleet.liveness import DeathWatch
 from lousho.fleet.registry import ServedAgents, WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings
+from lousho.scheduler.approval_repair import repair_on_pass
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.stores.redis_slots import on_shards
@@ -132,6 +133,7 @@ def run_reaper(
                     requeued += sweep_dead_workers(store, app, settings, watch)
                 if time.monotonic() >= next_pass:
                     done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s
+                    repair_on_pass(store, settings, done)  # approval records a failover lost in part (issue #18)
                     requeued += reap_once(store, app, settings)
         except (StoreUnavailableError, OperationalError) as exc:  # Redis or the broker is down: try again next pass
             log.warning("reaper pass failed, retrying in %ss: %s", tick, exc)

@@ -129,16 +129,28 @@ class RedisApprovalStore:
         self, approval_id: str, change: Callable[[ApprovalSnapshot], ApprovalSnapshot], *, action: str
     ) -> ApprovalSnapshot | None:
         """Read, change and write one snapshot as an optimistic transaction; retried when it raced."""
+        return self.rewrite(approval_id, lambda stored: None if stored is None else change(stored), action=action)
+
+    def rewrite(
+        self,
+        approval_id: str,
+        change: Callable[[ApprovalSnapshot | None], ApprovalSnapshot | None],
+        *,
+        action: str = "rewrite an approval",
+    ) -> ApprovalSnapshot | None:
+        """Write `change(stored)` (stored: the snapshot, None when there is none) with its place in the pending
+        index, as an optimistic transaction retried when it raced; `change` returning None writes nothing.
+        The fleet's repair of a record a Cluster failover lost in part uses it (issue #18)."""
         key = self.keys.approval(approval_id)
         with redis_errors(self.client, action), self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
                     pipe.watch(key)  # type: ignore[no-untyped-call]
                     raw = cast(bytes | str | None, pipe.get(key))
-                    if raw is None:
+                    changed = change(None if raw is None else self._decode(approval_id, raw))
+                    if changed is None:
                         pipe.unwatch()
                         return None
-                    changed = change(self._decode(approval_id, raw))
                     pipe.multi()
                     self._queue_write(pipe, changed)
                     pipe.execute()
