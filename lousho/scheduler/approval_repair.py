@@ -18,7 +18,9 @@ holds what the approval needs (the call it paused on, the approval id; `pausing.
 Paused sessions are out of the in-flight index and no index lists them by status, so finding them costs a
 `SCAN` of the store's session heads (`RedisCheckpointStore.sessions`): a pass does it once every
 `FleetSettings.approval_repair_interval_s` (30 s by default), not on each reaper pass, and reads only the
-paused sessions' records after that. Each write is a transaction that checks what it read (WATCH), so
+paused sessions' records after that: `lousho reaper` on its first pass and then every that many seconds of
+passes (`repair_on_pass`), the Celery beat task `lousho.reap` on the pass that falls at the start of each such
+window of the Redis clock (`repair_if_due`). Each write is a transaction that checks what it read (WATCH), so
 several reapers at once, or a human deciding meanwhile, are harmless; no reaper lock is needed.
 """
 
@@ -42,7 +44,7 @@ from lousho.stores.redis_common import redis_errors
 from lousho.subagents import child_session_id
 from lousho.worker.interrupted import has_interrupted_mark
 
-__all__ = ["Repair", "RepairedApproval", "repair_approval_records", "repair_on_pass"]
+__all__ = ["Repair", "RepairedApproval", "repair_approval_records", "repair_if_due", "repair_on_pass"]
 
 log = logging.getLogger("lousho.reaper")
 
@@ -63,6 +65,20 @@ def repair_on_pass(store: RedisStore, settings: FleetSettings, pass_number: int)
         return []
     every = max(1, math.ceil(settings.approval_repair_interval_s / settings.reaper_interval_s))
     return repair_approval_records(store, settings) if (pass_number - 1) % every == 0 else []
+
+
+def repair_if_due(store: RedisStore, settings: FleetSettings, now_ms: int | None = None) -> list[RepairedApproval]:
+    """For a reaper that keeps no pass count (the Celery beat task `lousho.reap`, a pass each `reaper_interval_s`
+    in a worker): `repair_approval_records` when the Redis server's time falls in the first `reaper_interval_s`
+    of a window of `approval_repair_interval_s`, so about one pass in each window runs it. 0 turns it off."""
+    if settings.approval_repair_interval_s <= 0:
+        return []
+    if now_ms is None:
+        now_ms = InflightIndex.of(store, settings.lease_ttl_ms).server_time_ms()
+    window_ms = max(1, round(settings.approval_repair_interval_s * 1000))
+    if now_ms % window_ms >= round(settings.reaper_interval_s * 1000):
+        return []
+    return repair_approval_records(store, settings)
 
 
 def repair_approval_records(store: RedisStore, settings: FleetSettings) -> list[RepairedApproval]:

@@ -71,8 +71,10 @@ def register_tasks(app: Any, runtime: FleetRuntime) -> None:
     @app.task(name=TASK_REAP, shared=False)  # type: ignore[untyped-decorator]
     def reap() -> int:
         """One pass of the reaper (installed as a beat entry by `create_app`)."""
+        from lousho.scheduler.approval_repair import repair_if_due
         from lousho.scheduler.reaper import reap_once
 
         # A queue named after this app's agents is no place for another app's session (issue #15).
         settings = runtime.settings if runtime.queue_named else dataclasses.replace(runtime.settings, queue=None)
+        repair_if_due(runtime.store, settings)  # approval records a Cluster failover lost in part (issue #18)
         return len(reap_once(runtime.store, runtime.app, settings))

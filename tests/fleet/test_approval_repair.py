@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from lousho import Agent, Message, ToolContext, define_tool
 from lousho.fleet import FleetSettings
 from lousho.providers.base import ModelRequest, ModelResponse
-from lousho.scheduler.approval_repair import RepairedApproval, repair_approval_records
+from lousho.scheduler.approval_repair import RepairedApproval, repair_approval_records, repair_if_due
 from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.testing.fleet import FleetDriver
@@ -185,3 +185,16 @@ def test_a_complete_approval_record_is_left_untouched(driver: FleetDriver) -> No
     assert repair(driver) == []
 
     assert {key: client.dump(key) for key in client.scan_iter(match=pattern, count=1000)} == before
+
+
+def test_the_beat_reapers_repair_runs_on_the_pass_at_the_start_of_each_window(driver: FleetDriver) -> None:
+    approval_id = paused(driver)
+    driver.store.client.delete(driver.store.keys.approval(approval_id))
+    window_ms = round(driver.settings.approval_repair_interval_s * 1000)
+
+    assert repair_if_due(driver.store, driver.settings, now_ms=7 * window_ms + 50) == []  # one pass later
+    assert driver.client.approvals() == []
+    assert repair_if_due(driver.store, driver.settings, now_ms=7 * window_ms + 10) == [
+        RepairedApproval("s", approval_id, "lost")
+    ]
+    assert [a.id for a in driver.client.approvals()] == [approval_id]
