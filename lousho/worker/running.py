@@ -9,8 +9,9 @@ against the call.
 A tool call's starts are counted so that a call that kills its worker every time becomes poison
 (an error result) after `max_attempts` starts. A worker that is shut down from outside (a deploy's
 SIGTERM, Ctrl-C, `celery control shutdown`) while it runs a call says so as it goes: the start of
-each call it is running is taken back, so a call cut short by deploys is never made poison. A
-SIGKILL gives no warning: a worker that dies without one while it runs a call is counted against
+each call it is running is taken back, so a call cut short by deploys is never made poison; except the
+start of a call whose tool is not `on_interrupted="rerun"`: it may have had its effect, so its start stays
+counted and its next start meets the tool's policy (issue #17). A SIGKILL gives no warning: a worker that dies without one while it runs a call is counted against
 that call (docs/reliability.md: 'Poison').
 """
 
@@ -49,6 +50,8 @@ class RunningCall:
     """The call's `result_field`."""
     epoch: str = ""
     """The session's incarnation, once the call began (lua/lib/epoch.lua)."""
+    keeps_start: bool = False
+    """A shutdown leaves its start counted: its tool's `on_interrupted` is 'ask' or 'fail' (issue #17)."""
 
     @property
     def entry(self) -> str:
@@ -67,6 +70,10 @@ def take_back_starts(reason: str) -> int:
     interrupted code may hold."""
     taken = 0
     for call in list(running_calls):
+        if call.keeps_start:  # cut short, it may have had its effect: its next start meets its policy (issue #17)
+            log.warning("%s: call %s of session %s may have run: its start stays counted", reason, call.field,
+                        call.session_id)  # fmt: skip
+            continue
         pool = call.keys.store.client.connection_pool
         client = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class,
                                                                   **pool.connection_kwargs))  # fmt: skip

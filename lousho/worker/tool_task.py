@@ -99,7 +99,8 @@ async def _run_started(
 ) -> Any:
     """The call's result: the tool's, or a poison error once its worker died `max_attempts` times
     while it ran alone (or three times that, counting the deaths it shared with other sessions' runs:
-    `running.py`). While it runs, a shutdown of this worker takes its start back."""
+    `running.py`). While it runs, a shutdown of this worker takes its start back, unless its tool is not
+    'rerun' (issue #17)."""
     running, call_lease = leased
     max_attempts = steps.runtime.settings.max_attempts
     if begun.starts > max_attempts or begun.starts + begun.shared > 3 * max_attempts:
@@ -107,6 +108,7 @@ async def _run_started(
         return tool_error(
             "poison", f"This call was started {max_attempts} times and never finished (its worker died each time)."
         )
+    running.keeps_start = _policy(run, plan) != "rerun"
     running_calls.add(running)
     try:
         async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal, running.entry):
@@ -130,8 +132,7 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
     """Run the tool; if the session is aborted meanwhile, its signal fires and the call is cancelled.
     A call cut short of a tool that is not 'rerun' may have run (issue #17): a 'fail' tool's gets the
     interrupted error, an 'ask' tool's no result (`CUT_SHORT`; `NOT_STARTED` if it never began)."""
-    tool = run.agent.tools.get(plan.call.name)
-    policy = "rerun" if plan.preset or tool is None else tool.on_interrupted
+    policy = _policy(run, plan)
     if steps.aborted():
         return NOT_STARTED if policy == "ask" else CANCELLED_RESULT
     try:
@@ -141,6 +142,12 @@ async def _run_abortable(steps: SessionSteps, run: Run, plan: PlannedCall) -> An
     if result is CANCELLED_RESULT and policy != "rerun":
         return CUT_SHORT if policy == "ask" else interrupted_result(plan.call.name)
     return result
+
+
+def _policy(run: Run, plan: PlannedCall) -> str:
+    """The call's `on_interrupted`: its tool's, or 'rerun' for a result preset by a human (issue #17)."""
+    tool = run.agent.tools.get(plan.call.name)
+    return "rerun" if plan.preset or tool is None else tool.on_interrupted
 
 
 async def fold_when_free(steps: SessionSteps, commit: tuple[RunningCall, str, Lease] | None = None) -> str:

@@ -6,6 +6,8 @@ until a human decides: run again, record a result they typed, or record a failur
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -167,3 +169,24 @@ def wait_until(condition: Any, timeout_s: float = 60.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def test_a_deploy_that_cuts_an_ask_call_short_pauses_it_rather_than_running_it_again(fleet: Fleet) -> None:
+    """A deploy stops the worker in the middle of an 'ask' call (SIGTERM, then SIGKILL after a short grace, as
+    in test_poison_and_shutdown.py): the worker's shutdown does not take this call's start back, as it does for a
+    'rerun' call, since the call may have had its effect; the next start meets the policy and pauses."""
+    fleet.script("deploy", [tool_turn(("deploy-send", "mail_ask", {"n": 3, "sleep_s": 4.0})), Message.assistant("ok")])
+    fleet.start_reaper()
+    worker = fleet.start_worker()
+    fleet.client.enqueue("jobs", "go", session_id="deploy")
+    assert fleet.pid_running("deploy-send") == worker.pid
+    os.kill(worker.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    worker.kill(signal.SIGKILL)
+    fleet.start_worker()
+    fleet.wait_for(["deploy"], status="awaiting-approval", timeout_s=60)
+
+    [approval] = fleet.client.approvals()
+    assert (approval.kind, approval.tool_call.id) == ("interrupted", "deploy-send")
+    assert fleet.counts("runs") == {"deploy-send": 1}  # not run again
+    assert "may have run: its start stays counted" in worker.log()
