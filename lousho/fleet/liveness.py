@@ -14,6 +14,10 @@ fencing treat it as before (a TTL, then a takeover, and a zombie's save refused)
 only after it was seen connected, and what was seen is forgotten when the Redis server restarts (its
 `run_id` changes), so a restart or a worker from before this release is never taken for a death: for
 those, the lease TTL stays the rule.
+
+On a Redis Cluster each node lists only its own connections: a process is live while it has a connection
+open on any primary, the run id is every primary's (a failover's new primary makes it new, so nothing seen
+before counts), and the running index is read over its shards (issue #18).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import redis
 
 from lousho.fleet.keys import FleetKeys
 from lousho.stores.redis_common import load_script, redis_errors, text
+from lousho.stores.redis_slots import is_cluster, on_shards
 
 __all__ = ["DeadCall", "DeathWatch", "connection_name", "live_processes"]
 
@@ -38,12 +43,18 @@ def connection_name(host: str, pid: int) -> str:
 
 
 def live_processes(client: redis.Redis) -> tuple[str, set[str]]:
-    """The Redis server's run id, and `<host>|<pid>` of every worker process with a connection open now."""
+    """The Redis server's run id (on a Cluster, every primary's), and `<host>|<pid>` of every worker process
+    with a connection open now (on a Cluster, to any primary)."""
+    servers = [client]
+    if is_cluster(client):
+        cluster = cast(Any, client)
+        servers = [cluster.get_redis_connection(node) for node in cluster.get_primaries()]
+    run_ids, names = [], set()
     with redis_errors(client, "list the worker processes connected to Redis"):
-        run_id = str(cast(dict[str, Any], client.info("server"))["run_id"])
-        connections = cast(list[dict[str, Any]], client.client_list(_type="normal"))
-    names = (str(c.get("name") or "") for c in connections)
-    return run_id, {name.removeprefix(NAME_PREFIX) for name in names if name.startswith(NAME_PREFIX)}
+        for server in servers:
+            run_ids.append(str(cast(dict[str, Any], server.info("server"))["run_id"]))
+            names |= {str(c.get("name") or "") for c in cast(list[dict[str, Any]], server.client_list(_type="normal"))}
+    return ",".join(sorted(run_ids)), {name.removeprefix(NAME_PREFIX) for name in names if name.startswith(NAME_PREFIX)}
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,12 @@ class DeathWatch:
         run_id, live = live_processes(client)
         if run_id != self.run_id:  # a restarted server: every connection is new, nothing seen counts
             self.run_id, self.seen, self.handled = run_id, set(), set()
+        if not self.seen - live:  # no process gone: the running index need not be read (16,384 shards on a Cluster)
+            self.seen = live
+            return []
         with redis_errors(client, "read the fleet's running index"):
-            entries = [text(e) for e in cast(list[bytes], client.zrange(self.keys.running, 0, -1))]
+            shards = on_shards(client, self.keys.shards("running"), lambda pipe, shard: pipe.zrange(shard, 0, -1))
+        entries = [text(e) for shard in cast(list[list[bytes]], shards) for e in shard]
         calls = [DeadCall(e) for e in entries if e.count("|") >= 3]
         gone = self.seen - live
         self.seen = live | {c.process for c in calls if c.process in gone}  # the dead, while they have entries

@@ -128,8 +128,7 @@ def run_reaper(
         requeued: list[str] = []
         try:
             with redis_errors(store.client, "run a reaper pass"):
-                if settings.death_check_interval_s and not store.keys.per_slot:
-                    # on a Redis Cluster each node lists its own connections: the lease TTL is the rule (issue #18)
+                if settings.death_check_interval_s:
                     requeued += sweep_dead_workers(store, app, settings, watch)
                 if time.monotonic() >= next_pass:
                     done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s

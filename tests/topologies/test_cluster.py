@@ -36,6 +36,7 @@ from lousho.worker import FleetSettings, broker_url
 from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
 from tests.chaos import test_zombie_workers as zombies
 from tests.chaos.harness import ChaosFleet, Row, record
+from tests.fleet import test_death_detection as death
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.fleet.test_fleet_approvals_and_abort import (
     test_abort_cancels_the_running_call_and_new_input_continues_the_run as abort_cancels_and_new_input_continues,
@@ -252,6 +253,35 @@ def test_a_sub_agent_survives_a_sigkill_on_a_cluster_and_leaves_no_global_key(
 ) -> None:
     sub_agent_survives(fleet_on_cluster, tmp_path)
     assert_no_global_key(fleet_on_cluster)
+
+
+@pytest.fixture
+def cluster_reaper(fleet_on_cluster: Fleet) -> Iterator[FleetSettings]:
+    """`lousho reaper`'s loop on the cluster store: a dead-worker sweep every 0.25 s, a pass every 0.5 s."""
+    settings = FleetSettings(queue=fleet_on_cluster.queue, reaper_interval_s=0.5, requeue_backoff_s=3.0)
+    stop = threading.Event()
+    args = (fleet_on_cluster.store, fleet_on_cluster.client.app, settings)
+    thread = threading.Thread(target=run_reaper, args=args, kwargs={"stop": stop})
+    thread.start()
+    yield settings
+    stop.set()
+    thread.join(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_workers_call_runs_again_well_before_its_lease_expires_on_a_cluster(
+    fleet_on_cluster: Fleet, cluster_reaper: FleetSettings
+) -> None:
+    """Fast death detection (issue #20) on a Cluster: a process is live while it has a connection on any primary."""
+    death.test_a_killed_workers_call_runs_again_well_before_its_lease_expires(fleet_on_cluster, cluster_reaper)
+    assert_no_global_key(fleet_on_cluster)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_stopped_for_less_than_its_lease_is_not_taken_over_on_a_cluster(
+    fleet_on_cluster: Fleet, cluster_reaper: FleetSettings
+) -> None:
+    death.test_a_worker_stopped_for_less_than_its_lease_is_not_taken_over(fleet_on_cluster, cluster_reaper)
 
 
 def wait_through_failover(fleet: Fleet, sessions: list[str], timeout_s: float) -> None:
