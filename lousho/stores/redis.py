@@ -104,8 +104,6 @@ class RedisStore(SessionsOfCheckpoints):
         if self.keys.per_slot:
             keep_slot_map_sound(self.client)
         replica_ack = ReplicaAck(min_replicas=min_replicas_acked, timeout_ms=replica_ack_timeout_ms)
-        if replica_ack.on and self.keys.per_slot:  # WAIT must follow the save on its node's connection
-            raise ConfigurationError("min_replicas_acked is not supported on a Redis Cluster store (issue #18)")
         self.prefix = prefix
         self.history_limit = history_limit
         self.ttl_s = ttl_s
@@ -154,8 +152,6 @@ class RedisStore(SessionsOfCheckpoints):
         wanted = ReplicaAck(min_replicas=min_replicas, timeout_ms=timeout_ms)
         if wanted == self.replica_ack:
             return self
-        if wanted.on and self.keys.per_slot:
-            raise ConfigurationError("min_replicas_acked is not supported on a Redis Cluster store (issue #18)")
         view = copy.copy(self)
         view.checkpoints = copy.copy(self.checkpoints)
         view.checkpoints.replica_ack = wanted

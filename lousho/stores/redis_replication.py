@@ -8,6 +8,10 @@ replicas confirm within the timeout, `SaveNotReplicatedError` is raised: the pri
 may not survive a failover, and the caller must not count it as done (a fleet step then ends as if the
 store were down: the reaper sends the session again, and the step finds whichever save survived).
 
+On a Redis Cluster the pipeline goes to the primary that serves the keys' slot (every key of a script is in
+one), so `WAIT` counts that primary's replicas; a slot that moved meanwhile fails the call (MOVED), which
+the caller treats as an outage, as it does any failover's error.
+
 `WAIT` makes a write durable across a failover only if the promoted replica is one that confirmed it:
 Sentinel promotes the replica with the most replicated data, so with one replica (or N = all replicas)
 it is. It does not make Redis strongly consistent (a partitioned primary may still accept writes that
@@ -18,13 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, SaveNotReplicatedError
 from lousho.stores.redis_common import describe
+from lousho.stores.redis_slots import is_cluster, key_slot
 
 __all__ = ["NO_REPLICA_ACK", "ReplicaAck"]
 
@@ -53,6 +58,9 @@ class ReplicaAck:
         confirmed (-1 when off). The caller decides with `check` whether its reply wrote anything."""
         if not self.on:
             return script(keys=keys, args=args), -1
+        if is_cluster(client):  # the pipeline on the connection of the keys' primary: WAIT asks that node's replicas
+            cluster = cast(Any, client)
+            client = cluster.get_redis_connection(cluster.nodes_manager.get_node_from_slot(key_slot(str(keys[0]))))
         pipe = client.pipeline(transaction=False)
         script(keys=keys, args=args, client=pipe)
         pipe.wait(self.min_replicas, self.timeout_ms)

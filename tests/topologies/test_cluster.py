@@ -19,12 +19,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any, cast
 
 import pytest
 import redis
 
 from lousho import Message
-from lousho.errors import StoreUnavailableError
+from lousho.checkpoint import Checkpoint
+from lousho.errors import SaveNotReplicatedError, StoreUnavailableError
 from lousho.fleet.inflight import InflightIndex
 from lousho.scheduler import Client, reap_once
 from lousho.scheduler.reaper import run_reaper
@@ -282,6 +284,52 @@ def test_a_worker_stopped_for_less_than_its_lease_is_not_taken_over_on_a_cluster
     fleet_on_cluster: Fleet, cluster_reaper: FleetSettings
 ) -> None:
     death.test_a_worker_stopped_for_less_than_its_lease_is_not_taken_over(fleet_on_cluster, cluster_reaper)
+
+
+def replica_of(port: int) -> redis.Redis:
+    """A client of the replica of the primary on `port` (each primary of the test cluster has one)."""
+    with redis.Redis(port=port, socket_timeout=5) as primary:
+        replication = cast(dict[str, Any], primary.info("replication"))
+    replica = redis.Redis(port=int(replication["slave0"]["port"]), socket_timeout=5, single_connection_client=True)
+    replica.execute_command("READONLY")  # a cluster replica serves reads of its primary's slots once told so
+    return replica
+
+
+def primary_port_of(store: RedisStore, key: str) -> int:
+    return int(cast(Any, store.client).nodes_manager.get_node_from_slot(key_slot(key)).port)
+
+
+def test_an_acknowledged_save_on_a_cluster_is_on_the_replica_of_its_slots_primary(
+    redis_cluster: RedisClusterNodes, redis_prefix: str
+) -> None:
+    store = RedisStore(redis_cluster.url, prefix=redis_prefix, min_replicas_acked=1)
+    sessions = [f"acked-{n}" for n in range(6)]  # over the three primaries
+    replicas = {s: replica_of(primary_port_of(store, store.keys.head(s))) for s in sessions}
+    try:
+        for version in range(1, 6):
+            for session in sessions:
+                store.checkpoints.save(session, Checkpoint(session_id=session, agent_name="jobs", version=version))
+                head = replicas[session].get(store.keys.head(session))  # read at once, no waiting
+                assert head is not None and f'"v":{version},'.encode() in head, (session, version)
+    finally:
+        for session in sessions:
+            store.checkpoints.delete(session)
+            replicas[session].close()
+        store.close()
+
+
+def test_a_save_on_a_cluster_fewer_replicas_confirm_raises_save_not_replicated(
+    redis_cluster: RedisClusterNodes, redis_prefix: str
+) -> None:
+    store = RedisStore(redis_cluster.url, prefix=redis_prefix, min_replicas_acked=2, replica_ack_timeout_ms=100)
+    try:
+        with pytest.raises(SaveNotReplicatedError, match="1 of the 2 replicas"):  # each primary has one
+            store.checkpoints.save("short", Checkpoint(session_id="short", agent_name="jobs", version=1))
+        stored = store.checkpoints.load("short")  # the primary has it: the error says to load and see
+        assert stored is not None and stored.version == 1
+    finally:
+        store.checkpoints.delete("short")
+        store.close()
 
 
 def wait_through_failover(fleet: Fleet, sessions: list[str], timeout_s: float) -> None:
