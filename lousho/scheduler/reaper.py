@@ -99,6 +99,18 @@ def sweep_dead_workers(store: RedisStore, app: Any, settings: FleetSettings, wat
     return requeued
 
 
+def _retried_later(
+    store: RedisStore, what: str, tick_s: float, step: Callable[..., list[Any]], *args: Any
+) -> list[Any]:
+    """`step(store, *args)`, or [] when Redis or the broker is down (logged): it is tried again next tick."""
+    try:
+        with redis_errors(store.client, what):
+            return step(store, *args)
+    except (StoreUnavailableError, OperationalError) as exc:
+        log.warning("reaper: %s failed, retrying in %ss: %s", what, tick_s, exc)
+        return []
+
+
 def _mark_requeue(client: Any, mark: str, now_ms: int, wait_ms: int) -> bool:
     """Mark a requeue about to be sent, unless the last one is still waiting to be taken (the mark
     holds until when it may wait: a worker that takes it deletes it, `SessionSteps.advance`)."""
@@ -126,16 +138,14 @@ def run_reaper(
     tick = min(settings.reaper_interval_s, settings.death_check_interval_s or settings.reaper_interval_s)
     while (passes is None or done < passes) and not stop.is_set():
         requeued: list[str] = []
-        try:
-            with redis_errors(store.client, "run a reaper pass"):
-                if settings.death_check_interval_s:
-                    requeued += sweep_dead_workers(store, app, settings, watch)
-                if time.monotonic() >= next_pass:
-                    done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s
-                    repair_on_pass(store, settings, done)  # approval records a failover lost in part (issue #18)
-                    requeued += reap_once(store, app, settings)
-        except (StoreUnavailableError, OperationalError) as exc:  # Redis or the broker is down: try again next pass
-            log.warning("reaper pass failed, retrying in %ss: %s", tick, exc)
+        # Each in its own guard: a sweep that cannot reach a Cluster primary a failover took away must not stop
+        # the pass that makes the client learn the new one (issue #18)
+        if settings.death_check_interval_s:
+            requeued += _retried_later(store, "sweep for dead workers", tick, sweep_dead_workers, app, settings, watch)
+        if time.monotonic() >= next_pass:
+            done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s
+            _retried_later(store, "repair approval records", tick, repair_on_pass, settings, done)  # issue #18
+            requeued += _retried_later(store, "run a reaper pass", tick, reap_once, app, settings)
         if requeued and on_requeued is not None:
             on_requeued(requeued)
         stop.wait(tick)

@@ -118,8 +118,8 @@ def echo(args: Echo, ctx: ToolContext) -> dict[str, Any]:
 
 
 async def work(args: Work, ctx: ToolContext) -> dict[str, Any]:
-    redis.hincrby(key("runs"), ctx.tool_call_id, 1)
-    redis.hset(key("ran-on"), ctx.tool_call_id, os.getpid())
+    # One MULTI: a test that sees the new run count reads this run's pid, never the previous run's (a dead one)
+    redis.pipeline().hincrby(key("runs"), ctx.tool_call_id, 1).hset(key("ran-on"), ctx.tool_call_id, os.getpid()).execute()
     track_run(ctx.tool_call_id)
     die_if_triggered(f"tool:{ctx.tool_call_id}")
     await asyncio.sleep(args.sleep_s)

@@ -25,8 +25,7 @@ import pytest
 import redis
 
 from lousho import Message
-from lousho.checkpoint import Checkpoint
-from lousho.errors import SaveNotReplicatedError, StoreUnavailableError
+from lousho.errors import StoreUnavailableError
 from lousho.fleet.inflight import InflightIndex
 from lousho.scheduler import Client, reap_once
 from lousho.scheduler.reaper import run_reaper
@@ -52,6 +51,7 @@ from tests.fleet.test_sub_agents_fleet import (
     test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_resumes_both as sub_agent_survives,
 )
 from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binaries
+from tests.topologies.test_sentinel import assert_a_save_short_of_replicas_is_refused, checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -308,7 +308,7 @@ def test_an_acknowledged_save_on_a_cluster_is_on_the_replica_of_its_slots_primar
     try:
         for version in range(1, 6):
             for session in sessions:
-                store.checkpoints.save(session, Checkpoint(session_id=session, agent_name="jobs", version=version))
+                store.checkpoints.save(session, checkpoint(session, version))
                 head = replicas[session].get(store.keys.head(session))  # read at once, no waiting
                 assert head is not None and f'"v":{version},'.encode() in head, (session, version)
     finally:
@@ -322,14 +322,7 @@ def test_a_save_on_a_cluster_fewer_replicas_confirm_raises_save_not_replicated(
     redis_cluster: RedisClusterNodes, redis_prefix: str
 ) -> None:
     store = RedisStore(redis_cluster.url, prefix=redis_prefix, min_replicas_acked=2, replica_ack_timeout_ms=100)
-    try:
-        with pytest.raises(SaveNotReplicatedError, match="1 of the 2 replicas"):  # each primary has one
-            store.checkpoints.save("short", Checkpoint(session_id="short", agent_name="jobs", version=1))
-        stored = store.checkpoints.load("short")  # the primary has it: the error says to load and see
-        assert stored is not None and stored.version == 1
-    finally:
-        store.checkpoints.delete("short")
-        store.close()
+    assert_a_save_short_of_replicas_is_refused(store, "1 of the 2 replicas")  # each primary has one replica
 
 
 def wait_through_failover(fleet: Fleet, sessions: list[str], timeout_s: float) -> None:

@@ -208,8 +208,14 @@ def test_a_save_fewer_replicas_confirm_raises_save_not_replicated_and_is_not_cou
     sentinel_group: SentinelGroup, redis_prefix: str
 ) -> None:
     store = RedisStore(sentinel_group.url, prefix=redis_prefix, min_replicas_acked=3, replica_ack_timeout_ms=100)
+    assert_a_save_short_of_replicas_is_refused(store, "2 of the 3 replicas")
+
+
+def assert_a_save_short_of_replicas_is_refused(store: RedisStore, said: str) -> None:
+    """A save fewer replicas confirm than `store` asks raises `SaveNotReplicatedError` (the message says `said`),
+    is on the primary, and the next save builds on it; the store is closed after."""
     try:
-        with pytest.raises(SaveNotReplicatedError, match="2 of the 3 replicas") as raised:
+        with pytest.raises(SaveNotReplicatedError, match=said) as raised:
             store.checkpoints.save("short", checkpoint("short", 1))
         assert isinstance(raised.value, StoreUnavailableError)  # handled as an outage: the step is not done
         assert raised.value.code == "LOUSHO_SAVE_NOT_REPLICATED"
