@@ -7,7 +7,9 @@ hop by area: Celery's own machinery (celery, kombu, billiard, vine),
 redis-py, waiting on sockets (Redis replies, the broker), JSON, pydantic, lousho, asyncio, and the
 rest. The profile counts wall time, so on a busy machine every area grows a little and the waiting most. The same is measured for the floor: a chain of bare Celery tasks on the same
 broker. Redis commands per hop are counted by MONITOR (commands run inside a Lua script count one
-by one, as INFO commandstats counts them). Writes a Markdown table (default: docs/bench/profile.md).
+by one, as INFO commandstats counts them), by command name. Writes a Markdown page (default:
+docs/bench/profile.md): each area as ms per hop and as a share of the hop, the functions whose own
+time per hop exceeds the floor's most, and the Redis commands.
 
 cProfile slows Python code down and waiting not, so the areas' shares are a guide to what to change,
 not figures to compare with `python -m bench`'s latencies.
@@ -39,8 +41,9 @@ from bench.fleet import Fleet
 @dataclass(frozen=True, kw_only=True)
 class Sizes:
     turns: int = 10
-    sessions: int = 24
-    """Sessions (or chains) of `turns` turns in the profiled run: 24 x 21 hops."""
+    sessions: int = 48
+    """Sessions (or chains) of `turns` turns in the profiled run: 48 x 21 hops (about 1,000: a single hop's
+    noise, a GC pause or a context switch, weighs little)."""
 
 
 QUICK = Sizes(turns=2, sessions=3)
@@ -77,6 +80,16 @@ def areas(profile: Path) -> dict[str, float]:
     found: collections.Counter[str] = collections.Counter()
     for function, (_, _, own_s, _, _) in stats.stats.items():
         found[area_of(function)] += own_s
+    return dict(found)
+
+
+def functions(profile: Path) -> dict[str, float]:
+    """Own time (seconds) per function, named short: `package/module.py:line name`, or `~ name` for a C function."""
+    stats: Any = pstats.Stats(str(profile))
+    found: collections.Counter[str] = collections.Counter()
+    for (path, line, name), (_, _, own_s, _, _) in stats.stats.items():
+        short = "~" if path == "~" else "/".join(path.split("/")[-2:]) + f":{line}"
+        found[f"{short} {name}"] += own_s
     return dict(found)
 
 
@@ -119,17 +132,17 @@ def profiled_run(fleet: Fleet, sessions: int, turns: int, out: Path) -> float:
     return elapsed_s
 
 
-def commands_per_hop(fleet: Fleet, url: str, turns: int) -> float:
-    """Commands the Redis server runs while one more session of `turns` turns runs (MONITOR), per hop."""
-    seen: list[float] = []
+def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, float]:
+    """Commands the Redis server runs while one more session of `turns` turns runs (MONITOR), per hop, by name."""
+    seen: list[tuple[float, str]] = []
     started = threading.Event()
     stop = threading.Event()
 
     def monitor() -> None:
-        with redis.Redis.from_url(url).monitor() as stream:
+        with redis.Redis.from_url(url).monitor() as stream:  # type: ignore[no-untyped-call]
             started.set()
             for command in stream.listen():
-                seen.append(command["time"])
+                seen.append((command["time"], str(command["command"]).split(" ", 1)[0].lower()))
                 if stop.is_set():
                     return
 
@@ -143,7 +156,8 @@ def commands_per_hop(fleet: Fleet, url: str, turns: int) -> float:
     stop.set()
     fleet.client.ping()
     thread.join(timeout=10)
-    return sum(1 for t in seen if begin <= t <= end) / (2 * turns + 1)
+    counted = collections.Counter(name for t, name in seen if begin <= t <= end)
+    return {name: count / (2 * turns + 1) for name, count in counted.most_common()}
 
 
 def profile(kind: str, url: str, folder: Path, sizes: Sizes) -> dict[str, Any]:
@@ -157,41 +171,79 @@ def profile(kind: str, url: str, folder: Path, sizes: Sizes) -> dict[str, Any]:
     hops = sizes.sessions * (2 * sizes.turns + 1)
     per_hop = {area: own_s * 1000 / hops for area, own_s in areas(out).items()}
     per_hop["not in the profile (the worker loop between tasks)"] = elapsed_s * 1000 / hops - sum(per_hop.values())
-    return {"ms_per_hop": per_hop, "commands_per_hop": per_hop_commands}
+    by_function = {name: own_s * 1000 / hops for name, own_s in functions(out).items()}
+    return {"ms_per_hop": per_hop, "functions_ms_per_hop": by_function, "commands_per_hop": per_hop_commands}
 
 
-def render(results: dict[str, dict[str, Any]], sizes: Sizes) -> str:
-    names = sorted(
-        {a for r in results.values() for a in r["ms_per_hop"]}, key=lambda a: -results["lousho"]["ms_per_hop"].get(a, 0)
-    )
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.0f} %" if whole else "-"
+
+
+def render(results: dict[str, dict[str, Any]], sizes: Sizes, top: int = 15) -> str:
+    ours, floor = results["lousho"], results["floor"]
+    names = sorted({a for r in results.values() for a in r["ms_per_hop"]}, key=lambda a: -ours["ms_per_hop"].get(a, 0))
+    totals = {kind: sum(r["ms_per_hop"].values()) for kind, r in results.items()}
     lines = [
         "# Where a fleet hop's time goes",
         "",
         f"`python -m bench.profile_hop`, lousho at {revision()}: wall time per task hop under cProfile, by area, "
-        f"steady state ({sizes.sessions} sessions of {sizes.turns} turns queued at once on one solo worker, profiled only "
-        "while it serves them), "
-        "against the floor (a chain of bare Celery tasks, same broker and settings). cProfile slows Python "
-        "code more than it slows waiting: read the shares, not the totals. Waiting on sockets grows with the "
-        f"machine's load (load average {os.getloadavg()[0]:.1f} at the end of this run); the CPU areas hold still "
-        "from run to run.",
+        f"steady state ({sizes.sessions} sessions of {sizes.turns} turns, {sizes.sessions * (2 * sizes.turns + 1)} "
+        "hops, queued at once on one solo worker, profiled only while it serves them), against the floor (as many "
+        "chains of bare Celery tasks, same broker and settings). cProfile slows Python code more than it slows "
+        "waiting: read the shares, not the totals. Waiting on sockets grows with the machine's load (load average "
+        f"{os.getloadavg()[0]:.1f} at the end of this run); the CPU areas hold still from run to run.",
         "",
-        "| area | lousho, ms per hop | floor, ms per hop | lousho - floor |",
-        "| - | - | - | - |",
+        "| area | lousho, ms per hop | share of lousho's hop | floor, ms per hop | share of the floor's hop | "
+        "lousho - floor, ms |",
+        "| - | - | - | - | - | - |",
     ]  # fmt: skip
     for name in names:
-        ours, floor = results["lousho"]["ms_per_hop"].get(name, 0.0), results["floor"]["ms_per_hop"].get(name, 0.0)
-        lines.append(f"| {name} | {ours:.3f} | {floor:.3f} | {ours - floor:+.3f} |")
-    totals = {k: sum(r["ms_per_hop"].values()) for k, r in results.items()}
+        mine, theirs = ours["ms_per_hop"].get(name, 0.0), floor["ms_per_hop"].get(name, 0.0)
+        lines.append(
+            f"| {name} | {mine:.3f} | {_share(mine, totals['lousho'])} | {theirs:.3f} | "
+            f"{_share(theirs, totals['floor'])} | {mine - theirs:+.3f} |"
+        )
     lines.append(
-        f"| **all** | **{totals['lousho']:.3f}** | **{totals['floor']:.3f}** | **{totals['lousho'] - totals['floor']:+.3f}** |"
+        f"| **all** | **{totals['lousho']:.3f}** | 100 % | **{totals['floor']:.3f}** | 100 % | "
+        f"**{totals['lousho'] - totals['floor']:+.3f}** |"
     )
+    extra = {k: v - floor["functions_ms_per_hop"].get(k, 0.0) for k, v in ours["functions_ms_per_hop"].items()}
     lines += [
         "",
-        f"Redis commands per hop (MONITOR; commands inside Lua scripts count one by one): lousho "
-        f"{results['lousho']['commands_per_hop']:.1f}, floor {results['floor']['commands_per_hop']:.1f}.",
+        f"The {top} functions whose own time per hop exceeds the floor's most (ms per hop, under cProfile; "
+        "`~` is a C function):",
         "",
+        "| function | lousho | floor | lousho - floor |",
+        "| - | - | - | - |",
     ]
+    for key, value in sorted(extra.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(
+            f"| `{key}` | {ours['functions_ms_per_hop'][key]:.3f} | "
+            f"{floor['functions_ms_per_hop'].get(key, 0.0):.3f} | {value:+.3f} |"
+        )
+    commands = {kind: r["commands_per_hop"] for kind, r in results.items()}
+    count = {kind: sum(c.values()) for kind, c in commands.items()}
+    lines += [
+        "",
+        f"Redis commands per hop (MONITOR over one more session or chain of {sizes.turns} turns; commands inside Lua "
+        f"scripts count one by one): lousho {count['lousho']:.1f}, floor {count['floor']:.1f}.",
+        "",
+        "| command | lousho, per hop | floor, per hop |",
+        "| - | - | - |",
+    ]
+    for name in sorted(set(commands["lousho"]) | set(commands["floor"]), key=lambda n: -commands["lousho"].get(n, 0)):
+        lines.append(f"| {name} | {commands['lousho'].get(name, 0.0):.2f} | {commands['floor'].get(name, 0.0):.2f} |")
+    lines.append("")
     return "\n".join(lines)
+
+
+KEPT = "<!-- Above: written by `python -m bench.profile_hop`. Below: notes kept as written when it runs again. -->"
+
+
+def with_kept_notes(table: str, out: Path) -> str:
+    """The new table, then whatever the page held below KEPT (what a reader made of an earlier run, dated there)."""
+    old = out.read_text(encoding="utf-8") if out.exists() else ""
+    return table + (KEPT + old.split(KEPT, 1)[1] if KEPT in old else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if options.quick else Sizes()
     with redis_target() as (url, _), tempfile.TemporaryDirectory(prefix="lousho-profile-") as folder:
         results = {kind: profile(kind, url, Path(folder), sizes) for kind in ("lousho", "floor")}
-    options.out.write_text(render(results, sizes))
+    options.out.write_text(with_kept_notes(render(results, sizes), options.out), encoding="utf-8")
     print(options.out.read_text())
     return 0
 

@@ -64,7 +64,15 @@ def test_store_growth_writes_a_row_per_store(tmp_path: Path) -> None:
 
     table = store_growth.run(1)
 
-    for store in ("memory_store()", "SqliteStore", "FileStore", "RedisStore", "naive SQLite", "naive files", "naive Redis"):
+    for store in (
+        "memory_store()",
+        "SqliteStore",
+        "FileStore",
+        "RedisStore",
+        "naive SQLite",
+        "naive files",
+        "naive Redis",
+    ):
         rows = [line for line in table.splitlines() if line.startswith(f"| {store}")]
         assert len(rows) == 1 and rows[0].count("|") == 7, (store, rows)
 
@@ -92,3 +100,13 @@ def test_the_in_process_profile_writes_a_row_per_area_and_the_growing_functions(
     assert "overhead: SqliteStore" in table and "RedisStore" in table
     for store in ("SqliteStore", "RedisStore"):
         assert f"Functions whose own time per step grows most with {store}" in table, table
+
+
+def test_the_hop_profile_keeps_the_notes_below_its_marker_and_replaces_the_table(tmp_path: Path) -> None:
+    from bench.profile_hop import KEPT, with_kept_notes
+
+    out = tmp_path / "profile.md"
+    assert with_kept_notes("# table 1\n", out) == "# table 1\n"  # no page yet
+    out.write_text("# table 1\n" + KEPT + "\n## What it shows\n\nnotes\n", encoding="utf-8")
+
+    assert with_kept_notes("# table 2\n", out) == "# table 2\n" + KEPT + "\n## What it shows\n\nnotes\n"
