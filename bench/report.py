@@ -133,6 +133,32 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     return rows
 
 
+EXPLAINED_BY = (  # (words of a goal, where its time is broken down): the profiles of issue #20
+    ("overhead", "[inprocess_profile.md](inprocess_profile.md#what-the-profile-showed-and-what-changed)"),
+    ("recovery", "section 5 below"),
+    ("", "[profile.md](profile.md#what-it-shows)"),  # a fleet hop: latency, throughput, Redis commands
+)
+
+
+def gaps(results: dict[str, Any]) -> list[str]:
+    """Where each figure's time is broken down, and each goal this run did not meet, with that breakdown."""
+    lines = [
+        "Where the time goes: a fleet hop by area (Celery's machinery, redis-py and sockets, JSON, pydantic, lousho) "
+        "against a bare Celery hop's, and the Redis commands of each, in [profile.md](profile.md) "
+        "(`python -m bench.profile_hop`); an in-process step's saves in [inprocess_profile.md](inprocess_profile.md) "
+        "(`python -m bench.profile_inprocess`).",
+        "",
+    ]
+    unmet = [(goal, measured) for goal, measured, ok in goals(results) if ok is False]
+    if unmet:
+        lines += ["Not met in this run, and where the gap is explained:", ""]
+        for goal, measured in unmet:
+            where = next(doc for words, doc in EXPLAINED_BY if words in goal)
+            lines.append(f"- {goal}: {measured}; see {where}.")
+        lines.append("")
+    return lines
+
+
 def overhead_section(section: dict[str, Any] | None) -> list[str]:
     lines = ["## 1. Per-step overhead of durability, in process", ""]
     if (skipped := _skipped(lines, section)) is not None:
@@ -349,7 +375,10 @@ NOTES = """## Notes on method
   left, then saved step by step again. LangGraph's time is a whole super-step with durability="sync"
   (node + checkpoint), around step N.
 - Recovery: the bound is lease TTL + reaper interval: the in-flight deadline passes at most a lease TTL after
-  the last heartbeat, and the reaper looks every interval."""
+  the last heartbeat, and the reaper looks every interval. That bound is what a live but stopped worker's call
+  waits; a call whose process is gone is requeued by the reaper's sweep for dead processes (its Redis
+  connections closed) well before it (docs/fleet.md, "Fast death detection"); tests/fleet/test_death_detection.py
+  shows a stopped worker under its lease is not taken over."""
 
 
 def _load(meta: dict[str, Any]) -> str:
@@ -374,6 +403,7 @@ def markdown(results: dict[str, Any]) -> str:
         "| - | - | - |",
         *(f"| {goal} | {measured} | {_met(ok)} |" for goal, measured, ok in goals(results)),
         "",
+        *gaps(results),
         *overhead_section(results.get("overhead")),
         *latency_section(results.get("latency")),
         *throughput_section(results.get("throughput")),
