@@ -10,7 +10,14 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from pydantic import BaseModel
 
-from lousho.approvals import ApprovalSnapshot, InterruptedAction, check_calls_unchanged, decide, parse_decision
+from lousho.approvals import (
+    ApprovalSnapshot,
+    InterruptedAction,
+    approval_chain,
+    check_calls_unchanged,
+    decide,
+    parse_decision,
+)
 from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import (
@@ -229,8 +236,25 @@ class Client:
         return snapshot
 
     def approvals(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
-        """Pending approvals (of one session, or all); `.skipped` names the unreadable ones (issue #21)."""
-        return self.store.approvals.pending(session_id)
+        """Pending approvals (of one session, or all); `.skipped` names the unreadable ones (issue #21). A
+        sub-agent's session's are those stored under its outermost parent whose chain holds it (issue #14)."""
+        listed = self.store.approvals.pending(session_id)
+        root = self._outermost_parent(session_id) if session_id is not None and not listed else None
+        if root is None:
+            return listed
+        outer = self.store.approvals.pending(root)
+        mine = [a for a in outer if any(part.session_id == session_id for part in approval_chain(a))]
+        return Listing(mine, skipped=outer.skipped)
+
+    def _outermost_parent(self, session_id: str) -> str | None:
+        """The session at the top of a sub-agent's chain of parents; None for a session that is no sub-agent."""
+        parent, seen = None, {session_id}
+        checkpoint = self.store.checkpoints.load(validate_session_id(session_id))
+        while checkpoint is not None and checkpoint.parent_session_id and checkpoint.parent_session_id not in seen:
+            parent = checkpoint.parent_session_id
+            seen.add(parent)
+            checkpoint = self.store.checkpoints.load(parent)
+        return parent
 
     def abort(self, session_id: str) -> bool:
         """Stop the run: running tools see their `ctx.signal`; unfinished calls get 'cancelled'.

@@ -114,6 +114,22 @@ def test_a_gated_call_in_the_sub_agent_pauses_the_parent_on_the_same_approval(
     assert travel.runs == {}
 
 
+def test_the_approvals_of_a_sub_agents_session_are_listed_under_its_own_id_too(
+    driver: FleetDriver, travel: Travel
+) -> None:
+    gated_trip(travel)
+    travel.scripts["trip-2"], travel.scripts["trip-2.sub-pay"] = travel.scripts["trip"], travel.scripts[CHILD]
+    driver.client.enqueue("planner", "plan", session_id="trip")
+    driver.client.enqueue("planner", "plan", session_id="trip-2")
+    driver.run_until_idle()
+
+    [of_child] = driver.client.approvals(CHILD)
+    assert of_child.id == driver.client.status(CHILD).approval_id
+    assert (of_child.session_id, of_child.waiting.session_id) == ("trip", CHILD)  # stored under its parent
+    assert [a.id for a in driver.client.approvals("trip")] == [of_child.id]
+    assert [a.waiting.session_id for a in driver.client.approvals("trip-2.sub-pay")] == ["trip-2.sub-pay"]
+
+
 def test_resolving_the_approval_resumes_the_sub_agent_and_then_the_parent(driver: FleetDriver, travel: Travel) -> None:
     gated_trip(travel)
     driver.client.enqueue("planner", "plan", session_id="trip")
