@@ -28,6 +28,7 @@ __all__ = [
     "ApprovalState",
     "ApprovalStore",
     "approval_chain",
+    "approval_snapshot",
     "call_digest",
     "check_call_unchanged",
     "check_calls_unchanged",
@@ -285,3 +286,33 @@ def approval_chain(snapshot: ApprovalSnapshot) -> Iterator[ApprovalSnapshot]:
     while part is not None:
         yield part
         part = part.child
+
+
+def approval_snapshot(
+    paused: Checkpoint,
+    call: ToolCall,
+    *,
+    session_id: str | None,
+    max_steps: int | None,
+    child: ApprovalSnapshot | None,
+    kind: ApprovalKind,
+) -> ApprovalSnapshot:
+    """The approval a session paused at `paused` ('awaiting-approval', stamped with its `approval_id`) waits on,
+    for `call`: what `pause_for_approval` writes, and what the fleet writes again from the checkpoint when a
+    Redis Cluster failover lost it (issue #18, `lousho.scheduler.approval_repair`); `lousho.pausing` saves it."""
+    assert paused.approval_id is not None
+    turn = paused.last_tool_turn()
+    calls = turn[1].tool_calls if turn else []
+    return ApprovalSnapshot(
+        id=paused.approval_id,
+        session_id=session_id,
+        agent_name=paused.agent_name,
+        tool_call=call,
+        remaining_tool_calls=calls[[c.id for c in calls].index(call.id) + 1 :],
+        checkpoint=paused,
+        fingerprint=paused.fingerprint,
+        call_digest=call_digest(call, paused.fingerprint),
+        max_steps=max_steps,
+        child=child,
+        kind=kind,
+    )

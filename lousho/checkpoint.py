@@ -7,6 +7,7 @@ or a requeue by the reaper.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import re
@@ -28,6 +29,7 @@ __all__ = [
     "decode_checkpoint",
     "get_checkpoint_history",
     "check_version",
+    "child_session_id",
     "maybe_await",
     "validate_session_id",
 ]
@@ -177,6 +179,16 @@ def validate_session_id(session_id: object) -> str:
             "digits and _ . : @ = + - (starting with a letter, digit or _)"
         )
     return session_id
+
+
+def child_session_id(parent_session_id: str, call: ToolCall) -> str:
+    """A stable, valid session id for the sub-agent run of one call (`<parent>.sub-<call id>`, issue #14)."""
+    safe = (
+        call.id
+        if re.fullmatch(r"[A-Za-z0-9_.:@=+-]{1,80}", call.id)
+        else hashlib.sha256(call.id.encode()).hexdigest()[:20]
+    )
+    return f"{parent_session_id}.sub-{safe}"
 
 
 def decode_checkpoint(session_id: str, raw: str | bytes | dict[str, Any]) -> Checkpoint:

@@ -12,7 +12,7 @@ from lousho.approvals import (
     ApprovalSnapshot,
     ApprovalStore,
     approval_chain,
-    call_digest,
+    approval_snapshot,
     check_call_unchanged,
 )
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await
@@ -24,7 +24,6 @@ from lousho.tools import tool_error
 
 __all__ = [
     "NOT_RUN",
-    "approval_snapshot",
     "check_stored_calls_unchanged",
     "pause_for_approval",
     "prepare_resume",
@@ -66,36 +65,6 @@ async def pause_for_approval(
     paused = await run.write(paused)
     await run.emit(ApprovalRequestedEvent(approval_id=approval_id, call=child.tool_call if child else call))
     return paused
-
-
-def approval_snapshot(
-    paused: Checkpoint,
-    call: ToolCall,
-    *,
-    session_id: str | None,
-    max_steps: int | None,
-    child: ApprovalSnapshot | None,
-    kind: ApprovalKind,
-) -> ApprovalSnapshot:
-    """The approval a session paused at `paused` ('awaiting-approval', stamped with its `approval_id`) waits on,
-    for `call`: what `pause_for_approval` writes, and what the fleet writes again from the checkpoint when a
-    Redis Cluster failover lost it (issue #18, `lousho.scheduler.approval_repair`)."""
-    assert paused.approval_id is not None
-    turn = paused.last_tool_turn()
-    calls = turn[1].tool_calls if turn else []
-    return ApprovalSnapshot(
-        id=paused.approval_id,
-        session_id=session_id,
-        agent_name=paused.agent_name,
-        tool_call=call,
-        remaining_tool_calls=calls[[c.id for c in calls].index(call.id) + 1 :],
-        checkpoint=paused,
-        fingerprint=paused.fingerprint,
-        call_digest=call_digest(call, paused.fingerprint),
-        max_steps=max_steps,
-        child=child,
-        kind=kind,
-    )
 
 
 async def prepare_resume(

@@ -16,7 +16,7 @@ from typing import Any
 
 from lousho.abort import RunAborted
 from lousho.approvals import ApprovalKind, ApprovalSnapshot, ApprovalStore, utc_now
-from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await, validate_session_id
+from lousho.checkpoint import Checkpoint, CheckpointStore, child_session_id, maybe_await, validate_session_id
 from lousho.definition import Agent
 from lousho.engine import (
     CANCELLED_RESULT,
@@ -40,7 +40,7 @@ from lousho.interruptions import decided_interrupted_result, interruption_of, ma
 from lousho.messages import Message, ToolCall
 from lousho.pausing import NOT_RUN, pause_for_approval, prepare_resume, rejection
 from lousho.run_context import AgentDriftWarning, DriftPolicy, RunContext, RunResult, load_stored
-from lousho.subagents import SubAgentInput, child_session_id
+from lousho.subagents import SubAgentInput
 from lousho.tools import interrupted_result
 
 __all__ = ["AgentDriftWarning", "DriftPolicy", "Run", "RunResult"]

@@ -10,19 +10,16 @@ defines the tool and names the child's session, and imports no run loop (issue #
 
 from __future__ import annotations
 
-import hashlib
-import re
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from lousho.messages import ToolCall
 from lousho.tools import Tool, ToolContext
 
 if TYPE_CHECKING:
     from lousho.definition import Agent
 
-__all__ = ["SubAgentInput", "agent_tool", "child_session_id"]
+__all__ = ["SubAgentInput", "agent_tool"]
 
 
 class SubAgentInput(BaseModel):
@@ -44,13 +41,3 @@ def agent_tool(agent: Agent, *, name: str | None = None, description: str | None
         execute=_not_called_directly,
         sub_agent=agent,
     )
-
-
-def child_session_id(parent_session_id: str, call: ToolCall) -> str:
-    """A stable, valid session id for the sub-agent run of one call."""
-    safe = (
-        call.id
-        if re.fullmatch(r"[A-Za-z0-9_.:@=+-]{1,80}", call.id)
-        else hashlib.sha256(call.id.encode()).hexdigest()[:20]
-    )
-    return f"{parent_session_id}.sub-{safe}"

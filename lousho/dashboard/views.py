@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lousho.approvals import ApprovalSnapshot
-from lousho.checkpoint import Checkpoint, HistoryEntry, get_checkpoint_history, validate_session_id
+from lousho.checkpoint import Checkpoint, HistoryEntry, child_session_id, get_checkpoint_history, validate_session_id
 from lousho.cli_render import short, sync
 from lousho.errors import ConfigurationError, SessionNotFoundError
 from lousho.fingerprint import Drift, diff_fingerprints
@@ -19,7 +19,6 @@ from lousho.messages import Message
 from lousho.scheduler.client import Client
 from lousho.store_bundle import StoreBundle
 from lousho.stores.listing import Listing, read_each
-from lousho.subagents import child_session_id
 
 __all__ = [
     "STATUSES",

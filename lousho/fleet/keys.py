@@ -5,6 +5,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+from lousho.checkpoint import Checkpoint
+from lousho.fleet.dispatch import tool_turn
+from lousho.messages import ToolCall
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
 
@@ -14,6 +17,10 @@ __all__ = ["FleetKeys", "new_epoch", "result_field"]
 def new_epoch() -> str:
     """A fresh incarnation id for a session (lua/lib/epoch.lua, issue #21)."""
     return uuid.uuid4().hex[:16]
+
+
+INTERRUPTED = "interrupted:"
+"""The prefix of an 'ask' call's mark in the session's attempts hash: '<prefix><turn>:<call id>' (issue #17)."""
 
 
 def result_field(turn: int, call_id: str) -> str:
@@ -29,6 +36,15 @@ class FleetKeys:
     """The fleet's own per-session keys, beside the store's (same prefix and hash tag)."""
 
     store: RedisStore
+
+    def has_interrupted_mark(self, checkpoint: Checkpoint, call: ToolCall) -> bool:
+        """Whether `call` of the checkpoint's session carries the mark of an interrupted 'ask' call
+        (`lousho.worker.interrupted`); read by the fold, and by the repair of an approval record, which must
+        tell which kind of approval it was (issue #18)."""
+        field = f"{INTERRUPTED}{result_field(tool_turn(checkpoint), call.id)}"
+        session_id = checkpoint.session_id
+        with redis_errors(self.store.client, f"read the interrupted mark of call {call.id!r} of {session_id!r}"):
+            return bool(self.store.client.hexists(self.attempts(session_id), field))
 
     def lease(self, session_id: str) -> str:
         return self.store.keys.session_key(session_id, "lease")

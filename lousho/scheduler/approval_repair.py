@@ -32,17 +32,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from lousho.approvals import ApprovalSnapshot
-from lousho.checkpoint import Checkpoint
+from lousho.approvals import ApprovalSnapshot, approval_snapshot
+from lousho.checkpoint import Checkpoint, child_session_id
 from lousho.errors import SDKError, StoreUnavailableError
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.settings import FleetSettings
-from lousho.pausing import approval_snapshot
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
-from lousho.subagents import child_session_id
-from lousho.worker.interrupted import has_interrupted_mark
 
 __all__ = ["Repair", "RepairedApproval", "repair_approval_records", "repair_if_due", "repair_on_pass"]
 
@@ -186,7 +183,7 @@ def _rebuild(store: RedisStore, keys: FleetKeys, paused: Checkpoint) -> Approval
     child = None
     if child_cp is not None and child_cp.approval_id == paused.approval_id:
         child = _rebuild(store, keys, child_cp)
-    interrupted = call.id in paused.started_calls or has_interrupted_mark(store.client, keys, paused, call)
+    interrupted = call.id in paused.started_calls or keys.has_interrupted_mark(paused, call)
     return approval_snapshot(
         paused,
         call,

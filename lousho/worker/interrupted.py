@@ -9,12 +9,12 @@ result (`worker/approving.py`). See lousho/interruptions.py for the in-process s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from lousho.checkpoint import Checkpoint
 from lousho.engine import CANCELLED_RESULT, PlannedCall
 from lousho.fleet.dispatch import tool_turn
-from lousho.fleet.keys import FleetKeys, result_field
+from lousho.fleet.keys import INTERRUPTED, result_field
 from lousho.interruptions import interruption_of
 from lousho.messages import ToolCall
 from lousho.run import Run
@@ -26,16 +26,11 @@ if TYPE_CHECKING:
     from lousho.worker.steps import SessionSteps
 
 __all__ = [
-    "INTERRUPTED",
     "commit_abort_results",
-    "has_interrupted_mark",
     "interrupted_plan",
     "is_marked_interrupted",
     "mark_interrupted",
 ]
-
-INTERRUPTED = "interrupted:"
-"""The prefix of an 'ask' call's mark in the session's attempts hash: '<prefix><turn>:<call id>'."""
 
 
 def interrupted_plan(
@@ -75,16 +70,7 @@ def is_marked_interrupted(steps: SessionSteps, run: Run, checkpoint: Checkpoint,
     tool = run.agent.tools.get(call.name)
     if tool is None or tool.on_interrupted != "ask":
         return False
-    return has_interrupted_mark(steps.client, steps.keys, checkpoint, call)
-
-
-def has_interrupted_mark(client: Any, keys: FleetKeys, checkpoint: Checkpoint, call: ToolCall) -> bool:
-    """Whether `call` of the checkpoint's session carries the mark of an interrupted 'ask' call; read by
-    the fold, and by the repair of an approval record that tells which kind of approval it was (issue #18)."""
-    field = f"{INTERRUPTED}{result_field(tool_turn(checkpoint), call.id)}"
-    session_id = checkpoint.session_id
-    with redis_errors(client, f"read the interrupted mark of call {call.id!r} of {session_id!r}"):
-        return bool(client.hexists(keys.attempts(session_id), field))
+    return steps.keys.has_interrupted_mark(checkpoint, call)
 
 
 def commit_abort_results(steps: SessionSteps, run: Run, checkpoint: Checkpoint) -> ToolCall | None:

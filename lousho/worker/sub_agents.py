@@ -24,7 +24,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING, cast
 
-from lousho.checkpoint import Checkpoint, validate_session_id
+from lousho.checkpoint import Checkpoint, child_session_id, validate_session_id
 from lousho.definition import Agent
 from lousho.engine import CANCELLED_RESULT
 from lousho.errors import CheckpointConflictError, InvalidInputError, InvalidSessionIdError
@@ -33,7 +33,7 @@ from lousho.inputs import validate_input
 from lousho.messages import ToolCall
 from lousho.run import Run
 from lousho.stores.redis_common import redis_errors, text
-from lousho.subagents import SubAgentInput, child_session_id
+from lousho.subagents import SubAgentInput
 from lousho.tools import tool_error
 
 if TYPE_CHECKING:
