@@ -132,9 +132,10 @@ def profiled_run(fleet: Fleet, sessions: int, turns: int, out: Path) -> float:
     return elapsed_s
 
 
-def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, float]:
-    """Commands the Redis server runs while one more session of `turns` turns runs (MONITOR), per hop, by name."""
-    seen: list[tuple[float, str]] = []
+def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, dict[str, float]]:
+    """Commands the Redis server runs while one more session of `turns` turns runs (MONITOR), per hop, by name:
+    `{"all": {name: n}, "lua": {name: n}}`, the second those a Lua script ran (MONITOR names its client `lua`)."""
+    seen: list[tuple[float, str, bool]] = []
     started = threading.Event()
     stop = threading.Event()
 
@@ -142,7 +143,8 @@ def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, float]:
         with redis.Redis.from_url(url).monitor() as stream:  # type: ignore[no-untyped-call]
             started.set()
             for command in stream.listen():
-                seen.append((command["time"], str(command["command"]).split(" ", 1)[0].lower()))
+                name = str(command["command"]).split(" ", 1)[0].lower()
+                seen.append((command["time"], name, command.get("client_type") == "lua"))
                 if stop.is_set():
                     return
 
@@ -156,8 +158,13 @@ def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, float]:
     stop.set()
     fleet.client.ping()
     thread.join(timeout=10)
-    counted = collections.Counter(name for t, name in seen if begin <= t <= end)
-    return {name: count / (2 * turns + 1) for name, count in counted.most_common()}
+    hops = 2 * turns + 1
+    counted = collections.Counter(name for t, name, _ in seen if begin <= t <= end)
+    in_lua = collections.Counter(name for t, name, lua in seen if lua and begin <= t <= end)
+    return {
+        "all": {name: count / hops for name, count in counted.most_common()},
+        "lua": {name: count / hops for name, count in in_lua.items()},
+    }
 
 
 def profile(kind: str, url: str, folder: Path, sizes: Sizes) -> dict[str, Any]:
@@ -221,18 +228,23 @@ def render(results: dict[str, dict[str, Any]], sizes: Sizes, top: int = 15) -> s
             f"| `{key}` | {ours['functions_ms_per_hop'][key]:.3f} | "
             f"{floor['functions_ms_per_hop'].get(key, 0.0):.3f} | {value:+.3f} |"
         )
-    commands = {kind: r["commands_per_hop"] for kind, r in results.items()}
+    commands = {kind: r["commands_per_hop"]["all"] for kind, r in results.items()}
+    in_lua = {kind: r["commands_per_hop"]["lua"] for kind, r in results.items()}
     count = {kind: sum(c.values()) for kind, c in commands.items()}
     lines += [
         "",
         f"Redis commands per hop (MONITOR over one more session or chain of {sizes.turns} turns; commands inside Lua "
-        f"scripts count one by one): lousho {count['lousho']:.1f}, floor {count['floor']:.1f}.",
+        f"scripts count one by one): lousho {count['lousho']:.1f} ({sum(in_lua['lousho'].values()):.1f} of them run "
+        f"by its scripts), floor {count['floor']:.1f}.",
         "",
-        "| command | lousho, per hop | floor, per hop |",
-        "| - | - | - |",
+        "| command | lousho, per hop | of which inside a Lua script | floor, per hop |",
+        "| - | - | - | - |",
     ]
     for name in sorted(set(commands["lousho"]) | set(commands["floor"]), key=lambda n: -commands["lousho"].get(n, 0)):
-        lines.append(f"| {name} | {commands['lousho'].get(name, 0.0):.2f} | {commands['floor'].get(name, 0.0):.2f} |")
+        lines.append(
+            f"| {name} | {commands['lousho'].get(name, 0.0):.2f} | {in_lua['lousho'].get(name, 0.0):.2f} | "
+            f"{commands['floor'].get(name, 0.0):.2f} |"
+        )
     lines.append("")
     return "\n".join(lines)
 
