@@ -52,9 +52,10 @@ class RedisStore(SessionsOfCheckpoints):
       new messages); a cold or wrong cache only costs a save that sends the whole transcript.
     - `codec`: compresses and encrypts messages, heads' secret fields, history and approvals
       (`lousho.stores.codec.PayloadCodec`, issue #17); off by default.
-    - `min_replicas_acked`, `replica_ack_timeout_ms`: each save returns only once `WAIT` says that many
-      replicas have it, else raises `SaveNotReplicatedError` (issue #18, `lousho.stores.redis_replication`);
-      0 (the default) does not wait. Not on a Redis Cluster store.
+    - `min_replicas_acked`, `replica_ack_timeout_ms`: each save (and each approval's write) returns only once
+      `WAIT` says that many replicas have it, else raises `SaveNotReplicatedError` (issue #18,
+      `lousho.stores.redis_replication`); 0 (the default) does not wait. On a Redis Cluster, the replicas of
+      the primary that serves the session's slot.
 
     A URL may name a Redis Sentinel master: `redis+sentinel://host:26379[,host:26379]/<master>[/<db>]`
     (`lousho.stores.redis_sentinel`), or a Redis Cluster: `redis+cluster://host:port[,host:port]`.
@@ -119,7 +120,7 @@ class RedisStore(SessionsOfCheckpoints):
             replica_ack=replica_ack,
         )
         self.codec = codec
-        self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms, codec=codec)
+        self.approvals = RedisApprovalStore(self.client, self.keys, ttl_ms=ttl_ms, codec=codec, replica_ack=replica_ack)
 
     def with_inflight_deadline(self, deadline_ms: int) -> RedisStore:
         """This store (its client, keys, approvals and cache) whose saves give an 'in-progress' session
@@ -155,6 +156,8 @@ class RedisStore(SessionsOfCheckpoints):
         view = copy.copy(self)
         view.checkpoints = copy.copy(self.checkpoints)
         view.checkpoints.replica_ack = wanted
+        view.approvals = copy.copy(self.approvals)
+        view.approvals.replica_ack = wanted
         return view
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:

@@ -2,11 +2,12 @@
 
 `<prefix>approval:<id>` holds the snapshot; `<prefix>approvals:pending` (a sorted set,
 id -> created_at ms) lists the pending ones, so `pending()` reads only those instead of
-scanning every approval ever made. `decide` and `reopen` are optimistic transactions
-(WATCH the snapshot, check its status, MULTI/EXEC): of two deciders racing on one
-approval exactly one succeeds and the other sees it decided, so the tool never runs twice.
-A script is not used here because it would have to re-encode the snapshot's JSON, and
-Lua's cjson does not keep every number exactly.
+scanning every approval ever made. `decide` and `reopen` are optimistic: read the snapshot, check its
+status, write the change only if the snapshot is still what was read, else read again: of two deciders
+racing on one approval exactly one succeeds and the other sees it decided, so the tool never runs twice.
+The write is a compare-and-set script (lua/approval_write.lua) rather than MULTI/EXEC under WATCH, so
+that with `min_replicas_acked` a `WAIT` follows it on the same connection (issue #18); the snapshot is
+encoded here and Lua only compares and stores the bytes (its cjson does not keep every number exactly).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from lousho.approvals import (
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each, waiting
-from lousho.stores.redis_common import RedisKeys, redis_errors, text
+from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
+from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
 
 __all__ = ["RedisApprovalStore"]
 
@@ -38,22 +40,35 @@ _MGET_CHUNK = 500
 class RedisApprovalStore:
     """`ApprovalStore` on Redis; `decide` is atomic across processes."""
 
-    def __init__(self, client: redis.Redis, keys: RedisKeys, *, ttl_ms: int = 0, codec: PayloadCodec = PLAIN) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: RedisKeys,
+        *,
+        ttl_ms: int = 0,
+        codec: PayloadCodec = PLAIN,
+        replica_ack: ReplicaAck = NO_REPLICA_ACK,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.ttl_ms = ttl_ms
         self.codec = codec
         """Encodes each snapshot as a whole (issue #17); the pending index keeps only ids and times."""
+        self.replica_ack = replica_ack
+        """How many replicas confirm each write (`WAIT`), as the checkpoints' saves (issue #18)."""
+        self._write = load_script(client, "approval_write")
 
     def _decode(self, approval_id: str, raw: bytes | str) -> ApprovalSnapshot:
         return decode_snapshot(approval_id, self.codec.decode_text(raw))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
-        """Create or replace the snapshot, and its place in the pending index, in one transaction."""
+        """Create or replace the snapshot, and its place in the pending index, in one script call."""
+        key, shard = self.keys.approval(snapshot.id), self.keys.pending_approvals_of(snapshot.id)
         with redis_errors(self.client, f"save approval {snapshot.id!r}"):
-            pipe = self.client.pipeline(transaction=True)
-            self._queue_write(pipe, snapshot)
-            pipe.execute()
+            _, acked = self.replica_ack.run(
+                self.client, self._write, [key, shard], ["*", "", *self._write_args(snapshot)]
+            )
+        self.replica_ack.check(self.client, acked, f"the save of approval {snapshot.id!r}")
 
     def load(self, approval_id: str) -> ApprovalSnapshot | None:
         with redis_errors(self.client, f"load approval {approval_id!r}"):
@@ -141,30 +156,24 @@ class RedisApprovalStore:
         """Write `change(stored)` (stored: the snapshot, None when there is none) with its place in the pending
         index, as an optimistic transaction retried when it raced; `change` returning None writes nothing.
         The fleet's repair of a record a Cluster failover lost in part uses it (issue #18)."""
-        key = self.keys.approval(approval_id)
-        with redis_errors(self.client, action), self.client.pipeline(transaction=True) as pipe:
+        key, shard = self.keys.approval(approval_id), self.keys.pending_approvals_of(approval_id)
+        with redis_errors(self.client, action):
             while True:
-                try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
-                    raw = cast(bytes | str | None, pipe.get(key))
-                    changed = change(None if raw is None else self._decode(approval_id, raw))
-                    if changed is None:
-                        pipe.unwatch()
-                        return None
-                    pipe.multi()
-                    self._queue_write(pipe, changed)
-                    pipe.execute()
+                raw = cast(bytes | str | None, self.client.get(key))
+                changed = change(None if raw is None else self._decode(approval_id, raw))
+                if changed is None:
+                    return None
+                args = ["0" if raw is None else "1", raw or "", *self._write_args(changed)]
+                written, acked = self.replica_ack.run(self.client, self._write, [key, shard], args)
+                if int(written):  # else it changed since it was read: read it again
+                    self.replica_ack.check(self.client, acked, f"the write of approval {approval_id!r}")
                     return changed
-                except redis.WatchError:
-                    continue
 
-    def _queue_write(self, pipe: redis.client.Pipeline, snapshot: ApprovalSnapshot) -> None:
-        key = self.keys.approval(snapshot.id)
-        pipe.set(key, self.codec.encode_json(snapshot.model_dump_json()), px=self.ttl_ms or None)
-        if snapshot.status == "pending":
-            pipe.zadd(self.keys.pending_approvals_of(snapshot.id), {snapshot.id: _created_ms(snapshot)})
-        else:
-            pipe.zrem(self.keys.pending_approvals_of(snapshot.id), snapshot.id)
+    def _write_args(self, snapshot: ApprovalSnapshot) -> list[Any]:
+        """ARGV 3-7 of lua/approval_write.lua for `snapshot`."""
+        pending = snapshot.status == "pending"
+        encoded = self.codec.encode_json(snapshot.model_dump_json())
+        return [encoded, self.ttl_ms, "1" if pending else "0", snapshot.id, _created_ms(snapshot)]
 
 
 def _created_ms(snapshot: ApprovalSnapshot) -> int:

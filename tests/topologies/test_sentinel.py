@@ -36,6 +36,7 @@ from lousho.stores.redis_sentinel import SentinelAddress, kombu_broker
 from lousho.stores.registry import open_store
 from lousho.testing.sentinel import SentinelGroup, sentinel_binary
 from lousho.testing.store_contract import StoreContract
+from lousho.testing.store_contract.samples import sample_snapshot
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
 from lousho.worker.transport import rejected_key
@@ -201,6 +202,42 @@ def test_an_acknowledged_save_is_on_every_replica_it_waited_for(
         store.checkpoints.delete("acked")
         for replica in replicas:
             replica.close()
+        store.close()
+
+
+def test_an_acknowledged_decision_is_on_every_replica_it_waited_for(
+    sentinel_group: SentinelGroup, redis_prefix: str
+) -> None:
+    """A human's decision is a write a failover must not lose either: with replica acknowledgement the pause's
+    approval and its decision return only once every replica asked for has them (issue #18)."""
+    store = RedisStore(sentinel_group.url, prefix=redis_prefix, min_replicas_acked=2)
+    replicas = [
+        redis.Redis(port=p, socket_timeout=5) for p in sentinel_group.data_ports if p != sentinel_group.primary_port()
+    ]
+    try:
+        for n in range(10):
+            snapshot = sample_snapshot(f"appr_acked{n}", "acked")
+            store.approvals.save(snapshot)
+            assert all(r.exists(store.keys.approval(snapshot.id)) for r in replicas), n  # read at once, no waiting
+            store.approvals.decide(snapshot.id, approved=True, note=f"yes {n}")
+            stored = [r.get(store.keys.approval(snapshot.id)) or b"" for r in replicas]
+            assert all(b'"approved"' in raw and f"yes {n}".encode() in raw for raw in stored), n
+    finally:
+        store.close()
+
+
+def test_a_decision_fewer_replicas_confirm_raises_save_not_replicated(
+    sentinel_group: SentinelGroup, redis_prefix: str
+) -> None:
+    store = RedisStore(sentinel_group.url, prefix=redis_prefix)
+    store.approvals.save(sample_snapshot("appr_short", "short"))
+    asking = store.with_replica_ack(3, 100)  # two replicas run: the third never confirms
+    try:
+        with pytest.raises(SaveNotReplicatedError, match="approval 'appr_short'"):
+            asking.approvals.decide("appr_short", approved=True, note=None)
+        decided = store.approvals.load("appr_short")  # the primary has it: load to see which way it went
+        assert decided is not None and decided.status == "approved"
+    finally:
         store.close()
 
 
