@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, cast
 
+from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint
 from lousho.engine import CANCELLED_RESULT, PlannedCall
 from lousho.fleet.dispatch import tool_turn
@@ -41,22 +42,48 @@ def interrupted_plan(
     start, or a human decided to run it again)."""
     started = {call.id} if begun.starts + begun.shared > 1 else set()
     policy = interruption_of(run.agent, call, started)
-    if policy is None or _rerun_decided(steps, checkpoint, call):
+    if policy is None:
         return None
+    decided = _rerun_decided(steps, checkpoint, call)
+    if decided is not None:
+        if begun.starts + begun.shared <= _RERUN_START:
+            return None  # the one run the human's 'rerun' allowed
+        return _ask_again(steps, decided, begun, result_field(tool_turn(checkpoint), call.id))
     if policy == "fail":
         return PlannedCall(call, result=interrupted_result(call.name), preset=True)
     return "ask"
 
 
-def _rerun_decided(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall) -> bool:
+_RERUN_START = 2
+"""The start a human's 'rerun' allows: the interrupted one (its count is what is left after the ask took its own
+start back, 1 by `_ask_again`) and then this one."""
+
+
+def _rerun_decided(steps: SessionSteps, checkpoint: Checkpoint, call: ToolCall) -> ApprovalSnapshot | None:
+    """The decided 'rerun' of `call`'s interrupted-call approval the session waits on, if that is what it waits on."""
     snapshot = steps.approval(checkpoint) if checkpoint.status == "awaiting-approval" else None
-    return (
+    if (
         snapshot is not None
         and snapshot.kind == "interrupted"
         and snapshot.tool_call.id == call.id
         and snapshot.status != "pending"
         and snapshot.interrupted_action == "rerun"
-    )
+    ):
+        return snapshot
+    return None
+
+
+def _ask_again(steps: SessionSteps, decided: ApprovalSnapshot, begun: CallBegun, field: str) -> str:
+    """The run a human's 'rerun' allowed was cut short too: it may have run again, so the human is asked again,
+    on the same approval put back to pending, as in process (issue #17). The call's start count is set back to 1
+    (the ask path takes this start back), so that the next 'rerun' allows one run again."""
+    steps.runtime.store.approvals.reopen(decided.id)
+    epoch = steps.epoch or ""
+    if begun.starts > _RERUN_START:
+        steps.scripts.count(steps.session_id, epoch, f"call:{field}", _RERUN_START - begun.starts)
+    if begun.shared:  # deaths shared with other sessions' runs count as starts here: they start over too
+        steps.scripts.count(steps.session_id, epoch, f"shared:{field}", -begun.shared)
+    return "ask"
 
 
 def mark_interrupted(steps: SessionSteps, field: str) -> None:

@@ -190,3 +190,30 @@ def test_a_deploy_that_cuts_an_ask_call_short_pauses_it_rather_than_running_it_a
     assert (approval.kind, approval.tool_call.id) == ("interrupted", "deploy-send")
     assert fleet.counts("runs") == {"deploy-send": 1}  # not run again
     assert "may have run: its start stays counted" in worker.log()
+
+
+def test_a_call_cut_short_again_in_the_run_a_human_allowed_is_asked_about_again(fleet: Fleet) -> None:
+    """'rerun' allows one run: its worker SIGKILLed in the middle of it too, the call may have run twice; the
+    human is asked again, on the same approval put back to pending, as in process (issue #17)."""
+    killed_mid_call(fleet, "twice", "mail_ask")
+    start(fleet, ["twice"])
+    fleet.start_worker()
+    fleet.wait_for(["twice"], status="awaiting-approval", timeout_s=90)
+    [first] = fleet.client.approvals()
+    fleet.kill_on("tool:twice-send")  # the run the human allows dies as well
+    fleet.client.resolve_approval(first.id, approved=True, action="rerun")
+    fleet.start_worker()
+
+    deadline = time.monotonic() + 90
+    while (asked := fleet.client.approvals()) == []:
+        assert time.monotonic() < deadline, fleet.client.status("twice")
+        time.sleep(0.1)
+    assert [(a.id, a.kind, a.status) for a in asked] == [(first.id, "interrupted", "pending")]
+    assert fleet.counts("runs")["twice-send"] == 2  # not run a third time
+    fleet.client.resolve_approval(first.id, **CHOICES["ask-record"][0])
+    fleet.wait_for(["twice"], timeout_s=90)
+
+    assert results(fleet, "twice")["twice-send"] == {"sent": "by hand"}
+    assert fleet.counts("runs")["twice-send"] == 2
+    assert_finished_with_every_result(fleet.client.checkpoint("twice"), "twice")
+    assert fleet.violations() == []
