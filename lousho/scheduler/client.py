@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -36,7 +36,7 @@ from lousho.inputs import add_input_to_unfinished, continue_finished, validate_i
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
-from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_common import redis_errors, text
 from lousho.telemetry.hooks import instrument_fleet
 
 __all__ = ["Client", "SessionStatus"]
@@ -281,12 +281,19 @@ class Client:
         return checkpoint is not None and checkpoint.status == "in-progress"
 
     def resume(self, session_id: str) -> None:
-        """Continue a parked or aborted session by hand (its poison counters start over)."""
+        """Continue a parked or aborted session by hand (its poison counters start over; a call that began
+        stays begun, so that one of a tool that is not `on_interrupted="rerun"` meets its policy: issue #17)."""
         validate_session_id(session_id)
-        client = self.store.client
+        client, attempts = self.store.client, self.keys.attempts(session_id)
         with redis_errors(client, f"clear the abort, parked and poison marks of {session_id!r}"):
-            client.delete(self.keys.abort(session_id), self.keys.attempts(session_id))
-            client.hdel(self.keys.parked_of(session_id), session_id)
+            counts = {text(k): text(v) for k, v in cast(dict[bytes, bytes], client.hgetall(attempts)).items()}
+            kept = {k: "1" if k.startswith("call:") else v for k, v in counts.items() if k.startswith(_KEPT_ON_RESUME)}
+            pipe = client.pipeline(transaction=True)
+            pipe.delete(self.keys.abort(session_id), attempts)
+            if kept:
+                pipe.hset(attempts, mapping=kept)
+            pipe.hdel(self.keys.parked_of(session_id), session_id)
+            pipe.execute()
         self.inflight.touch(session_id)
         self._send_advance(session_id, "resume")
 
@@ -296,6 +303,10 @@ class Client:
         if status == "parked":
             return Listing(sorted(self.keys.parked_sessions()))
         return self.store.checkpoints.sessions(status)
+
+
+_KEPT_ON_RESUME = ("call:", "interrupted:")
+"""What `resume` keeps of the attempts hash: which calls began (as one start each) and the interrupted marks."""
 
 
 def _broker_refused(

@@ -217,3 +217,27 @@ def test_a_call_cut_short_again_in_the_run_a_human_allowed_is_asked_about_again(
     assert fleet.counts("runs")["twice-send"] == 2
     assert_finished_with_every_result(fleet.client.checkpoint("twice"), "twice")
     assert fleet.violations() == []
+
+
+def test_resume_starts_the_poison_counts_over_but_keeps_which_calls_began(fleet: Fleet) -> None:
+    """`Client.resume` by an operator: the poison counts start over, but a call that began stays begun (one
+    start) with its interrupted mark, so an 'ask' call that may have run is still not run again (issue #17)."""
+    killed_mid_call(fleet, "resumed", "mail_ask")
+    start(fleet, ["resumed"])
+    fleet.start_worker()
+    fleet.wait_for(["resumed"], status="awaiting-approval", timeout_s=90)
+    attempts = fleet.client.keys.attempts("resumed")
+    fleet.redis.hincrby(attempts, "call:1:resumed-send", 5)  # as if it had killed its worker more times
+    before = {k.decode() for k in fleet.redis.hkeys(attempts)}
+
+    fleet.client.resume("resumed")
+
+    kept = {k.decode(): v.decode() for k, v in fleet.redis.hgetall(attempts).items()}
+    assert {"call:1:resumed-send", "interrupted:1:resumed-send", "by:1:resumed-send"} <= before
+    assert {k: v for k, v in kept.items() if k.startswith("call:")} == {"call:1:resumed-send": "1", "call:1:resumed-note": "1"}
+    assert set(kept) == {k for k in before if k.startswith(("call:", "interrupted:"))}
+    [approval] = fleet.client.approvals()
+    fleet.client.resolve_approval(approval.id, **CHOICES["ask-record"][0])
+    fleet.wait_for(["resumed"], timeout_s=90)
+    assert fleet.counts("runs")["resumed-send"] == 1
+    assert results(fleet, "resumed")["resumed-send"] == {"sent": "by hand"}
