@@ -22,6 +22,7 @@ import collections
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,10 +45,15 @@ class Sizes:
     sessions: int = 48
     """Sessions (or chains) of `turns` turns in the profiled run: 48 x 21 hops (about 1,000: a single hop's
     noise, a GC pause or a context switch, weighs little)."""
+    rounds: int = 5
+    """Profiled runs of each, lousho and the floor taking turns; each figure is the median of its rounds, so
+    a burst of other work on a shared machine during one run moves it little."""
 
 
-QUICK = Sizes(turns=2, sessions=3)
+QUICK = Sizes(turns=2, sessions=3, rounds=1)
 """`--quick`, the CI smoke."""
+
+KINDS = ("lousho", "floor")
 
 AREAS = (
     ("celery, kombu, billiard, vine", ("/celery/", "/kombu/", "/billiard/", "/vine/")),
@@ -167,19 +173,43 @@ def commands_per_hop(fleet: Fleet, url: str, turns: int) -> dict[str, dict[str, 
     }
 
 
-def profile(kind: str, url: str, folder: Path, sizes: Sizes) -> dict[str, Any]:
-    client = redis.Redis.from_url(url)
-    fleet = Fleet(url, client, f"lousho-profile-{uuid.uuid4().hex[:8]}:", kind, str(folder))
-    out = folder / f"{kind}.prof"
+def one_round(fleet: Fleet, folder: Path, sizes: Sizes, index: int) -> dict[str, dict[str, float]]:
+    """One profiled run of `fleet`: ms per hop by area and by function."""
+    out = folder / f"{fleet.kind}-{index}.prof"
     elapsed_s = profiled_run(fleet, sizes.sessions, sizes.turns, out)
-    fleet.scale(1)
-    per_hop_commands = commands_per_hop(fleet, url, sizes.turns)
-    fleet.close()
     hops = sizes.sessions * (2 * sizes.turns + 1)
     per_hop = {area: own_s * 1000 / hops for area, own_s in areas(out).items()}
     per_hop["not in the profile (the worker loop between tasks)"] = elapsed_s * 1000 / hops - sum(per_hop.values())
-    by_function = {name: own_s * 1000 / hops for name, own_s in functions(out).items()}
-    return {"ms_per_hop": per_hop, "functions_ms_per_hop": by_function, "commands_per_hop": per_hop_commands}
+    return {"ms_per_hop": per_hop, "functions_ms_per_hop": {k: v * 1000 / hops for k, v in functions(out).items()}}
+
+
+def medians(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over the rounds (0 in a round that lacks it)."""
+    keys = {k for r in rounds for k in r}
+    return {k: statistics.median(r.get(k, 0.0) for r in rounds) for k in keys}
+
+
+def profile(url: str, folder: Path, sizes: Sizes) -> dict[str, dict[str, Any]]:
+    """Per kind (lousho, the floor): the median of `sizes.rounds` profiled runs, the two kinds taking turns, and
+    the Redis commands of one more session."""
+    client = redis.Redis.from_url(url)
+    fleets = {kind: Fleet(url, client, f"lousho-profile-{uuid.uuid4().hex[:8]}:", kind, str(folder)) for kind in KINDS}
+    rounds: dict[str, list[dict[str, dict[str, float]]]] = {kind: [] for kind in KINDS}
+    try:
+        for index in range(sizes.rounds):
+            for kind, fleet in fleets.items():
+                rounds[kind].append(one_round(fleet, folder, sizes, index))
+        results: dict[str, dict[str, Any]] = {}
+        for kind, fleet in fleets.items():
+            fleet.scale(1)
+            results[kind] = {
+                name: medians([r[name] for r in rounds[kind]]) for name in ("ms_per_hop", "functions_ms_per_hop")
+            }
+            results[kind]["commands_per_hop"] = commands_per_hop(fleet, url, sizes.turns)
+    finally:
+        for fleet in fleets.values():
+            fleet.close()
+    return results
 
 
 def _share(part: float, whole: float) -> str:
@@ -196,7 +226,8 @@ def render(results: dict[str, dict[str, Any]], sizes: Sizes, top: int = 15) -> s
         f"`python -m bench.profile_hop`, lousho at {revision()}: wall time per task hop under cProfile, by area, "
         f"steady state ({sizes.sessions} sessions of {sizes.turns} turns, {sizes.sessions * (2 * sizes.turns + 1)} "
         "hops, queued at once on one solo worker, profiled only while it serves them), against the floor (as many "
-        "chains of bare Celery tasks, same broker and settings). cProfile slows Python code more than it slows "
+        f"chains of bare Celery tasks, same broker and settings); each figure the median of {sizes.rounds} such "
+        "runs, lousho and the floor taking turns. cProfile slows Python code more than it slows "
         "waiting: read the shares, not the totals. Waiting on sockets grows with the machine's load (load average "
         f"{os.getloadavg()[0]:.1f} at the end of this run); the CPU areas hold still from run to run.",
         "",
@@ -265,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     sizes = QUICK if options.quick else Sizes()
     with redis_target() as (url, _), tempfile.TemporaryDirectory(prefix="lousho-profile-") as folder:
-        results = {kind: profile(kind, url, Path(folder), sizes) for kind in ("lousho", "floor")}
+        results = profile(url, Path(folder), sizes)
     options.out.write_text(with_kept_notes(render(results, sizes), options.out), encoding="utf-8")
     print(options.out.read_text())
     return 0
