@@ -14,8 +14,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, Protocol, cast, runtime_checkable
 
-from lousho.approvals import ApprovalStore
-from lousho.checkpoint import CheckpointStore, HistoryEntry
+from lousho.approvals import ApprovalSnapshot, ApprovalStore
+from lousho.checkpoint import Checkpoint, CheckpointStore, HistoryEntry
+from lousho.errors import SDKError
 
 __all__ = ["BundleCheckpoints", "ManagedCheckpoints", "Pruned", "SessionsOfCheckpoints", "StoreBundle", "cutoff_of"]
 
@@ -76,11 +77,22 @@ class PrunableCheckpoints(ManagedCheckpoints, Protocol):
     def prune(self, older_than: datetime | timedelta) -> Pruned: ...
 
 
+class DeletableApprovals(Protocol):
+    """An approval store that forgets an approval (every built-in one does; a bundle declares its own)."""
+
+    def load(self, approval_id: str) -> ApprovalSnapshot | None: ...
+
+    def pending(self, session_id: str | None = None) -> list[ApprovalSnapshot]: ...
+
+    def delete(self, approval_id: str) -> None: ...
+
+
 class SessionsOfCheckpoints:
     """`sessions`, `prune` and `delete` of a bundle, answered by its checkpoint store: one way for every
     built-in bundle (a bundle that prunes more than its checkpoints, as Redis does, overrides `prune`)."""
 
     checkpoints: ManagedCheckpoints
+    approvals: DeletableApprovals
 
     def sessions(self, status: str | None = None) -> list[str]:
         return self.checkpoints.sessions(status)
@@ -89,7 +101,31 @@ class SessionsOfCheckpoints:
         return cast(PrunableCheckpoints, self.checkpoints).prune(older_than)
 
     def delete(self, session_id: str, keep_history: bool = False) -> None:
+        """Forget the session, and unless its history is kept, the approvals it paused on: they hold its
+        transcript too (issue #16). Those its latest save, its history ring or the pending ones name; a
+        sub-agent's approval is its outermost parent's, and goes with the parent."""
+        approvals = [] if keep_history else self._approvals_of(session_id)
         self.checkpoints.delete(session_id, keep_history)
+        for approval_id in approvals:
+            self.approvals.delete(approval_id)
+
+    def _approvals_of(self, session_id: str) -> list[str]:
+        named = {s.id for s in self.approvals.pending(session_id)}
+        try:
+            checkpoints = cast(BundleCheckpoints, self.checkpoints)  # every built-in bundle's is one, and sync
+            head, saves = cast(Checkpoint | None, checkpoints.load(session_id)), checkpoints.history(session_id)
+        except SDKError:  # a damaged record: the session is deleted all the same, its pending approvals with it
+            head, saves = None, []
+        named |= {c.approval_id for c in [head, *(e.checkpoint for e in saves)] if c is not None and c.approval_id}
+        owned = []
+        for approval_id in sorted(named):
+            try:
+                snapshot = self.approvals.load(approval_id)
+            except SDKError:  # unreadable: it cannot be told whose it is, so it stays
+                continue
+            if snapshot is not None and snapshot.session_id == session_id:
+                owned.append(approval_id)
+        return owned
 
 
 def cutoff_of(older_than: datetime | timedelta) -> datetime:

@@ -40,6 +40,7 @@ class FileStore(SessionsOfCheckpoints):
     approvals (issue #17, off by default)."""
 
     checkpoints: FileCheckpointStore
+    approvals: FileApprovalStore
 
     def __init__(
         self, dir: str | os.PathLike[str] = "./.lousho/store", *, history_limit: int = 50, codec: PayloadCodec = PLAIN

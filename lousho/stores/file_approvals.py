@@ -81,6 +81,11 @@ class FileApprovalStore:
                 with self._folder.translate():
                     atomic_write(self._path(approval_id), self._encode(reopened))
 
+    def delete(self, approval_id: str) -> None:
+        """Forget an approval (its session was deleted); an unknown id is left alone."""
+        with self._folder.locked(f"approval-{file_name(approval_id)}"), self._folder.translate():
+            self._path(approval_id).unlink(missing_ok=True)
+
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
         with self._folder.translate():

@@ -51,6 +51,7 @@ class MappingStore(SessionsOfCheckpoints):
     """
 
     checkpoints: MappingCheckpointStore
+    approvals: MappingApprovalStore
 
     def __init__(
         self,

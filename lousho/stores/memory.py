@@ -245,6 +245,11 @@ class MemoryApprovalStore:
                 reopened = snapshot.model_copy(update=REOPENED)
                 self._snapshots[approval_id] = self._encode(reopened)
 
+    def delete(self, approval_id: str) -> None:
+        """Forget an approval (its session was deleted); an unknown id is left alone."""
+        with self._lock:
+            self._snapshots.pop(approval_id, None)
+
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
         with self._lock:

@@ -62,6 +62,7 @@ class RedisStore(SessionsOfCheckpoints):
     """
 
     checkpoints: RedisCheckpointStore
+    approvals: RedisApprovalStore
 
     def __init__(
         self,

@@ -108,6 +108,14 @@ class RedisApprovalStore:
             action=f"reopen approval {approval_id!r}",
         )
 
+    def delete(self, approval_id: str) -> None:
+        """Forget an approval and its pending-index entry (its session was deleted); an unknown id is left alone."""
+        with redis_errors(self.client, f"delete approval {approval_id!r}"):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.delete(self.keys.approval(approval_id))
+            pipe.zrem(self.keys.pending_approvals_of(approval_id), approval_id)
+            pipe.execute()
+
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first (optionally of one session); those that cannot
         be read are named in `skipped` (issue #21: one damaged snapshot must not hide the others)."""

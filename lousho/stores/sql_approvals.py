@@ -91,6 +91,12 @@ class SqlApprovalStore:
                 values = {"status": "pending", "data": self._encode(reopened)}
                 conn.execute(table.update().where(table.c.id == approval_id).values(**values))
 
+    def delete(self, approval_id: str) -> None:
+        """Forget an approval (its session was deleted); an unknown id is left alone."""
+        table = self._db.approvals
+        with self._db.write() as conn:
+            conn.execute(table.delete().where(table.c.id == approval_id))
+
     def pending(self, session_id: str | None = None) -> Listing[ApprovalSnapshot]:
         """Approvals waiting for a decision, oldest first; those that cannot be read are named in `skipped`."""
         table = self._db.approvals

@@ -9,7 +9,7 @@ import pytest
 
 from lousho.store_bundle import StoreBundle
 from lousho.testing.store_contract.base import StoreContractBase
-from lousho.testing.store_contract.samples import sample_checkpoint
+from lousho.testing.store_contract.samples import sample_checkpoint, sample_snapshot
 
 __all__ = ["StoreBundleContract"]
 
@@ -55,6 +55,26 @@ class StoreBundleContract(StoreContractBase):
         assert [e.step for e in self.call(bundle.checkpoints.history("s-keep"))] == [1, 0]
         self._save_run(bundle, "s-del", 1, "in-progress")  # a deleted session starts again at version 1
         assert self.call(bundle.checkpoints.load("s-del")).step_index == 0
+
+    def test_delete_forgets_the_approvals_the_session_paused_on_unless_its_history_is_kept(self, bundle: Any) -> None:
+        """They hold its transcript too (issue #16): a decided one its history names, the pending one it waits
+        on; a sub-agent's approval, stored under its parent's id and owned by the parent, stays with the parent."""
+        saves = [("s-del", "appr_old", 1), ("s-del", "appr_now", 2), ("s-kept", "appr_kept", 1)]
+        for session, approval_id, version in saves:
+            self.call(bundle.approvals.save(sample_snapshot(approval_id, session)))
+            paused = sample_checkpoint(session, version=version, step=version - 1, approval_id=approval_id)
+            self.call(bundle.checkpoints.save(session, paused))
+        self.call(bundle.approvals.decide("appr_old", approved=True, note=None))
+        self.call(bundle.approvals.save(sample_snapshot("appr_parent", "s-parent")))  # the parent's
+        as_child = sample_checkpoint("s-del", version=3, step=2, approval_id="appr_parent")
+        self.call(bundle.checkpoints.save("s-del", as_child))
+
+        self.call(bundle.delete("s-kept", keep_history=True))
+        self.call(bundle.delete("s-del"))
+
+        assert self.call(bundle.approvals.load("appr_old")) is None
+        assert self.call(bundle.approvals.load("appr_now")) is None
+        assert [s.id for s in self.call(bundle.approvals.pending())] == ["appr_kept", "appr_parent"]
 
     def test_prune_removes_old_finished_sessions_and_old_history_and_keeps_unfinished_ones(self, bundle: Any) -> None:
         self._save_run(bundle, "s-done", 2, "finished")
