@@ -5,8 +5,9 @@ it started serving them until they are done (started and stopped by signals: no 
 wait in the profile); its own time by area, divided by the task hops, is the steady-state cost of one
 hop by area: Celery's own machinery (celery, kombu, billiard, vine),
 redis-py, waiting on sockets (Redis replies, the broker), JSON, pydantic, lousho, asyncio, and the
-rest. The profile counts wall time, so on a busy machine every area grows a little and the waiting most. The same is measured for the floor: a chain of bare Celery tasks on the same
-broker. Redis commands per hop are counted by MONITOR (commands run inside a Lua script count one
+rest. The profile counts wall time, so on a busy machine every area grows. The same is measured for the
+floor, a chain of bare Celery tasks on the same broker, the two taking turns (`Sizes.rounds` runs each,
+the median of each figure). Redis commands per hop are counted by MONITOR (commands run inside a Lua script count one
 by one, as INFO commandstats counts them), by command name. Writes a Markdown page (default:
 docs/bench/profile.md): each area as ms per hop and as a share of the hop, the functions whose own
 time per hop exceeds the floor's most, and the Redis commands.
@@ -228,8 +229,10 @@ def render(results: dict[str, dict[str, Any]], sizes: Sizes, top: int = 15) -> s
         "hops, queued at once on one solo worker, profiled only while it serves them), against the floor (as many "
         f"chains of bare Celery tasks, same broker and settings); each figure the median of {sizes.rounds} such "
         "runs, lousho and the floor taking turns. cProfile slows Python code more than it slows "
-        "waiting: read the shares, not the totals. Waiting on sockets grows with the machine's load (load average "
-        f"{os.getloadavg()[0]:.1f} at the end of this run); the CPU areas hold still from run to run.",
+        "waiting: read the shares, not the totals. The profile counts wall time: on a shared machine, time the "
+        "worker lost to other processes lands in whatever area it was in, so every area grows with the load (load "
+        f"average {os.getloadavg()[0]:.1f} at the end of this run); lousho and the floor taking turns meet the same "
+        "load, so compare them within one page, not across runs.",
         "",
         "| area | lousho, ms per hop | share of lousho's hop | floor, ms per hop | share of the floor's hop | "
         "lousho - floor, ms |",
