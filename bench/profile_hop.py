@@ -289,7 +289,7 @@ KEPT = "<!-- Above: written by `python -m bench.profile_hop`. Below: notes kept 
 def with_kept_notes(table: str, out: Path) -> str:
     """The new table, then whatever the page held below KEPT (what a reader made of an earlier run, dated there)."""
     old = out.read_text(encoding="utf-8") if out.exists() else ""
-    return table + (KEPT + old.split(KEPT, 1)[1] if KEPT in old else "")
+    return table + ("\n" + KEPT + old.split(KEPT, 1)[1] if KEPT in old else "")  # a blank line ends the table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,4 +109,4 @@ def test_the_hop_profile_keeps_the_notes_below_its_marker_and_replaces_the_table
     assert with_kept_notes("# table 1\n", out) == "# table 1\n"  # no page yet
     out.write_text("# table 1\n" + KEPT + "\n## What it shows\n\nnotes\n", encoding="utf-8")
 
-    assert with_kept_notes("# table 2\n", out) == "# table 2\n" + KEPT + "\n## What it shows\n\nnotes\n"
+    assert with_kept_notes("# table 2\n", out) == "# table 2\n\n" + KEPT + "\n## What it shows\n\nnotes\n"
