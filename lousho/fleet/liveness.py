@@ -5,8 +5,8 @@ on every connection it opens). A SIGKILLed process, one the OOM killer took, or 
 connections were reset leaves no connection behind: the Redis server closes them at once. The reaper
 (`DeathWatch.sweep`, every `FleetSettings.death_check_interval_s`) lists the named connections and, for
 each tool call in the fleet's running index whose process was seen connected before and is not now,
-frees that call's lease (only if that process still holds it) and requeues its session at once, instead
-of after the lease's TTL plus a reaper pass.
+frees that call's lease, and its session's lease if the process died holding it too (each only if that
+process still holds it), and requeues its session at once, instead of after the lease's TTL plus a reaper pass.
 
 A process that is alive keeps its connections, even when it is stopped (SIGSTOP), stalled in a long
 garbage collection or blocked in a tool: it is never taken over this way; its lease and the epoch
@@ -113,9 +113,12 @@ class DeathWatch:
         client = self.keys.store.client
         requeued: list[str] = []
         for call in self.dead_calls():
-            with redis_errors(client, f"free the lease of call {call.call_id!r} of {call.session_id!r}"):
+            with redis_errors(client, f"free the leases of call {call.call_id!r} of {call.session_id!r}"):
                 free = load_script(client, "lousho.fleet:free_dead_lease")
                 free(keys=[self.keys.call_lease(call.session_id, call.call_id)], args=[f"{call.pid}-"])
+                # and the session's, if it died while it held that too (committing the call, folding it):
+                # else the requeue below is refused until that lease's TTL
+                free(keys=[self.keys.lease(call.session_id)], args=[f"{call.pid}-"])
             self.handled.add(call.entry)
             if call.session_id not in requeued and requeue(call.session_id):
                 requeued.append(call.session_id)

@@ -17,6 +17,7 @@ that call (docs/reliability.md: 'Poison').
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -116,6 +117,10 @@ def name_connections(client: redis.Redis) -> None:
     for pool in pools:
         pool.connection_kwargs["client_name"] = name
         pool.disconnect()
+    # One named connection from the start: a process is judged only once the reaper saw it connected. If Redis
+    # is not up yet, the process is seen from its first command on.
+    with contextlib.suppress(redis.RedisError):
+        client.ping()
 
 
 def watch_processes(client: redis.Redis) -> None:

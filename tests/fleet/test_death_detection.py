@@ -6,6 +6,8 @@ it is left alone, past its lease it is taken over as before and its late result 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,9 +15,11 @@ from collections.abc import Iterator
 import pytest
 
 from lousho import Message
-from lousho.fleet.liveness import live_processes
+from lousho.fleet.keys import FleetKeys
+from lousho.fleet.liveness import DeathWatch, live_processes
 from lousho.scheduler import run_reaper
 from lousho.worker import FleetSettings
+from lousho.worker.running import HOST
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 
@@ -112,3 +116,36 @@ def test_a_worker_stopped_past_its_lease_is_taken_over_and_its_late_result_refus
     assert_finished_with_every_result(checkpoint, "s-zombie")  # one result: the zombie's was refused
     assert checkpoint is not None and sum(m.role == "tool" for m in checkpoint.messages) == 1
     assert fleet.violations() == []
+
+
+HOLDER = """
+import os, sys, time, redis
+url, host, session_lease, call_lease, running, session = sys.argv[1:]
+client = redis.Redis.from_url(url, client_name=f"lousho|{host}|{os.getpid()}")
+client.set(session_lease, f"{os.getpid()}-s")  # it died while it held its session's lease too (committing)
+client.set(call_lease, f"{os.getpid()}-c")
+client.zadd(running, {f"{host}|{os.getpid()}|{session}|1:c-held": 0})
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_process_that_died_holding_its_sessions_lease_too_is_requeued_at_once(fleet: Fleet) -> None:
+    keys = FleetKeys(fleet.store)
+    leases = [keys.lease("s-held"), keys.call_lease("s-held", "c-held")]
+    args = [fleet.env["LOUSHO_TEST_FLEET_REDIS"], HOST, *leases, fleet.store.keys.running_of("s-held"), "s-held"]
+    try:
+        with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdout=subprocess.PIPE) as holder:
+            assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+            watch, asked = DeathWatch(keys), []
+            assert watch.sweep(asked.append) == []  # alive: seen, left alone
+            holder.kill()
+
+        def requeue(session_id: str) -> bool:
+            asked.append(session_id)
+            return not fleet.redis.exists(keys.lease(session_id))  # as `Requeue`: refused while a lease is held
+
+        assert watch.sweep(requeue) == ["s-held"]
+        assert fleet.redis.exists(*leases) == 0
+    finally:
+        fleet.redis.delete(*leases, fleet.store.keys.running_of("s-held"))
