@@ -181,7 +181,10 @@ class SentinelGroup:
         """Until the sentinels name another master that runs as one with a replica in sync; its port."""
 
         def promoted() -> bool:
-            port = self.primary_port()
+            try:
+                port = self.primary_port()
+            except RuntimeError:  # the sentinel did not answer within its 1 s, busy with the failover: not yet
+                return False
             if port == old_primary or not self._master_healthy():
                 return False
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
