@@ -98,11 +98,14 @@ def test_a_worker_stopped_past_its_lease_is_taken_over_and_its_late_result_refus
 ) -> None:
     env = {"LOUSHO_TEST_TRACK": "1", "LOUSHO_TEST_LEASE_TTL_S": "1.5"}
     workers = [fleet.start_worker(**env), fleet.start_worker(**env)]
-    start(fleet, "s-zombie", "c-zombie", sleep_s=1.0)
+    # The call sleeps 5 s so the SIGSTOP surely lands in it: stopped after the call, the zombie could hold the
+    # session's next step in a BRPOP it sent before the stop, and the call would never run twice (a CI flake)
+    start(fleet, "s-zombie", "c-zombie", sleep_s=5.0)
     zombie = fleet.worker_with_pid(fleet.pid_running("c-zombie"))
     spare = next(w for w in workers if w is not zombie)
 
     zombie.kill(signal.SIGSTOP)
+    assert len(run_log(fleet, "c-zombie")) == 1 and fleet.client.status("s-zombie").status == "in-progress"
     deadline = time.monotonic() + 30
     while len(run_log(fleet, "c-zombie")) < 2:  # the lease expired: the spare takes the call over
         assert time.monotonic() < deadline, run_log(fleet, "c-zombie")
