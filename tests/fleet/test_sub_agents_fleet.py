@@ -18,7 +18,7 @@ CHILD = "trip.sub-pay"
 def script_trip(fleet: Fleet) -> None:
     fleet.script("trip", [tool_turn(("pay", "pay", {"input": "pay the hotel"})), Message.assistant("Trip paid.")])
     fleet.script(CHILD, [
-        tool_turn(("c-work", "work", {"n": 3, "sleep_s": 2.0})),
+        tool_turn(("c-work", "work", {"n": 3, "sleep_s": 3.0})),
         tool_turn(("c-charge", "charge", {"amount": 30})),
         Message.assistant("charged 30"),
     ])  # fmt: skip

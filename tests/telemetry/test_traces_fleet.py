@@ -80,7 +80,7 @@ def wait_for_spans(
 def test_a_run_is_one_trace_across_workers_the_outbox_and_a_requeue_after_a_sigkill(
     fleet: Fleet, otlp_receiver: OtlpReceiver, redis_url: str, tmp_path: Path
 ) -> None:
-    fleet.script("t1", [tool_turn(("t1-a", "work", {"n": 1, "sleep_s": 1.5})),
+    fleet.script("t1", [tool_turn(("t1-a", "work", {"n": 1, "sleep_s": 3.0})),
                         tool_turn(("t1-b", "work", {"n": 2})), Message.assistant("t1 done")])  # fmt: skip
     fleet.script("t2", [tool_turn(("t2-a", "work", {"n": 1})), Message.assistant("t2 done")])
     # As docs/observability.md shows it: LOUSHO_TRACES=otlp OTEL_EXPORTER_OTLP_ENDPOINT=<collector> celery ... worker
