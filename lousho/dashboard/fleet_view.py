@@ -112,9 +112,10 @@ def _inflight(store: Any, now_ms: int) -> list[InflightRow]:
 
 
 def _holder(token: str) -> str:
-    """A lease token is '<pid>-<random>' (`lousho.worker.leases.Lease`): the holder's pid is what an operator needs."""
-    pid, sep, _ = token.partition("-")
-    return f"pid {pid}" if sep and pid.isdigit() else token
+    """A lease token is '<host>|<pid>-<random>' (`lousho.worker.leases.Lease`): its holder is what an operator needs."""
+    host, bar, rest = token.rpartition("|")
+    pid, dash, _ = rest.partition("-")
+    return f"pid {pid} on {host}" if bar and dash and pid.isdigit() else token
 
 
 def _running(store: Any, now_ms: int) -> list[RunningCallRow]:

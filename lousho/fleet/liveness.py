@@ -22,6 +22,8 @@ before counts), and the running index is read over its shards (issue #18).
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -32,9 +34,23 @@ from lousho.fleet.keys import FleetKeys
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.redis_slots import is_cluster, on_shards
 
-__all__ = ["DeadCall", "DeathWatch", "connection_name", "live_processes"]
+__all__ = ["HOST", "DeadCall", "DeathWatch", "connection_name", "lease_token_prefix", "live_processes", "this_process"]
 
 NAME_PREFIX = "lousho|"
+
+HOST = socket.gethostname().replace("|", "_")
+
+
+def this_process() -> str:
+    """`<host>|<pid>`: how the running index, connection names and lease tokens name this process."""
+    return f"{HOST}|{os.getpid()}"
+
+
+def lease_token_prefix(process: str) -> str:
+    """How every lease token `process` (`<host>|<pid>`) takes starts. The host is in it so that the sweep, which
+    frees a dead process's leases by this prefix, never frees one that a live process with the same pid on
+    another machine took since."""
+    return f"{process}-"
 
 
 def connection_name(host: str, pid: int) -> str:
@@ -66,10 +82,6 @@ class DeadCall:
     @property
     def process(self) -> str:
         return "|".join(self.entry.split("|", 2)[:2])
-
-    @property
-    def pid(self) -> str:
-        return self.entry.split("|", 2)[1]
 
     @property
     def session_id(self) -> str:
@@ -115,10 +127,11 @@ class DeathWatch:
         for call in self.dead_calls():
             with redis_errors(client, f"free the leases of call {call.call_id!r} of {call.session_id!r}"):
                 free = load_script(client, "lousho.fleet:free_dead_lease")
-                free(keys=[self.keys.call_lease(call.session_id, call.call_id)], args=[f"{call.pid}-"])
+                dead = lease_token_prefix(call.process)
+                free(keys=[self.keys.call_lease(call.session_id, call.call_id)], args=[dead])
                 # and the session's, if it died while it held that too (committing the call, folding it):
                 # else the requeue below is refused until that lease's TTL
-                free(keys=[self.keys.lease(call.session_id)], args=[f"{call.pid}-"])
+                free(keys=[self.keys.lease(call.session_id)], args=[dead])
             self.handled.add(call.entry)
             if call.session_id not in requeued and requeue(call.session_id):
                 requeued.append(call.session_id)

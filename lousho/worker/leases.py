@@ -9,7 +9,6 @@ cannot extend or delete the new holder's. Saves are fenced on the lease token
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 import redis
 from redis.commands.core import Script
 
+from lousho.fleet.liveness import lease_token_prefix, this_process
 from lousho.stores.redis_common import load_script, redis_errors
 
 __all__ = ["Lease"]
@@ -29,8 +29,9 @@ class Lease:
     client: redis.Redis
     key: str
     ttl_ms: int
-    token: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex}")
-    """Random, prefixed with the holder's pid so an operator (or a test) can tell which worker holds it."""
+    token: str = field(default_factory=lambda: f"{lease_token_prefix(this_process())}{uuid.uuid4().hex}")
+    """Random, prefixed with the holder's `<host>|<pid>`: an operator (or a test) can tell which worker holds it,
+    and the reaper frees a dead process's leases by it (fleet/liveness.py)."""
     held: bool = False
     confirmed_at: float = 0.0
     """`time.monotonic()` just before the command that last took or extended the lease was sent."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -20,9 +19,9 @@ from typing import Any
 from celery import signals
 
 from lousho.errors import StoreUnavailableError
+from lousho.fleet.liveness import this_process
 from lousho.fleet.registry import WorkerRegistry
 from lousho.stores.redis_common import redis_errors
-from lousho.worker.running import HOST
 from lousho.worker.runtime import FleetRuntime
 
 __all__ = ["Presence", "watch_presence"]
@@ -37,7 +36,7 @@ class Presence:
         self.registry = WorkerRegistry(runtime.store)
         self.queues = sorted(set(queues))
         self.agents = sorted(runtime.agents)
-        self.worker_id = worker_id or f"{HOST}|{os.getpid()}"
+        self.worker_id = worker_id or this_process()
         self.interval_s = runtime.settings.heartbeat_s
         self.ttl_ms = runtime.settings.lease_ttl_ms
         self._stop = threading.Event()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,16 +28,13 @@ from celery import signals
 
 from lousho.errors import SDKError
 from lousho.fleet.keys import FleetKeys
-from lousho.fleet.liveness import connection_name
+from lousho.fleet.liveness import HOST, connection_name, this_process
 from lousho.stores.redis_common import load_script, redis_errors
 from lousho.stores.redis_slots import is_cluster
 
 __all__ = ["HOST", "RunningCall", "name_connections", "running_calls", "watch_processes", "watch_shutdown"]
 
 log = logging.getLogger("lousho.worker")
-
-
-HOST = socket.gethostname().replace("|", "_")
 
 
 @dataclass(eq=False)
@@ -57,7 +53,7 @@ class RunningCall:
     @property
     def entry(self) -> str:
         """Its entry in the running index: '<host>|<pid>|<session>|<field>' (lua/call_begin.lua)."""
-        return f"{HOST}|{os.getpid()}|{self.session_id}|{self.field}"
+        return f"{this_process()}|{self.session_id}|{self.field}"
 
 
 running_calls: set[RunningCall] = set()

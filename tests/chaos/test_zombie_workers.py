@@ -36,13 +36,13 @@ LEASE_TTL_S = 2.0
 
 
 def holders(fleet: ChaosFleet) -> dict[int, list[str]]:
-    """pid -> the lease keys it holds (a lease token starts with its holder's pid)."""
+    """pid -> the lease keys it holds (a lease token starts with its holder's `<host>|<pid>-`)."""
     pattern = re.sub(r"([*?\[\]\\])", r"\\\1", fleet.prefix) + "{*}:lease*"
     found: dict[int, list[str]] = {}
     for key in fleet.redis.scan_iter(match=pattern, count=1000):
         token = fleet.redis.get(key)
         if token is not None:
-            found.setdefault(int(token.decode().split("-", 1)[0]), []).append(key.decode())
+            found.setdefault(int(token.decode().split("|")[1].split("-", 1)[0]), []).append(key.decode())
     return found
 
 

@@ -284,10 +284,10 @@ def test_an_approvals_wait_is_shown_as_an_age() -> None:
     assert age_text("not a time", now) == "?"
 
 
-def test_the_fleet_page_names_a_session_leases_holder_by_pid(fleet_store: tuple[Any, Any]) -> None:
+def test_the_fleet_page_names_a_session_leases_holder_by_pid_and_host(fleet_store: tuple[Any, Any]) -> None:
     store, client = fleet_store
     client.enqueue("planner", "hello", session_id="leased", require_worker=False)
-    store.client.set(store.keys.session_key("leased", "lease"), "4242-0123456789abcdef", px=30_000)
+    store.client.set(store.keys.session_key("leased", "lease"), "web-7|4242-0123456789abcdef", px=30_000)
     page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
     row = page[page.index('href="http://testserver/sessions/leased"') :]
-    assert "<td>pid 4242</td>" in row[: row.index("</tr>")]
+    assert "<td>pid 4242 on web-7</td>" in row[: row.index("</tr>")]

@@ -125,8 +125,8 @@ HOLDER = """
 import os, sys, time, redis
 url, host, session_lease, call_lease, running, session = sys.argv[1:]
 client = redis.Redis.from_url(url, client_name=f"lousho|{host}|{os.getpid()}")
-client.set(session_lease, f"{os.getpid()}-s")  # it died while it held its session's lease too (committing)
-client.set(call_lease, f"{os.getpid()}-c")
+client.set(session_lease, f"{host}|{os.getpid()}-s")  # it died while it held its session's lease too (committing)
+client.set(call_lease, f"{host}|{os.getpid()}-c")
 client.zadd(running, {f"{host}|{os.getpid()}|{session}|1:c-held": 0})
 print("holding", flush=True)
 time.sleep(120)
@@ -152,3 +152,25 @@ def test_a_process_that_died_holding_its_sessions_lease_too_is_requeued_at_once(
         assert fleet.redis.exists(*leases) == 0
     finally:
         fleet.redis.delete(*leases, fleet.store.keys.running_of("s-held"))
+
+
+def test_a_lease_that_a_process_with_the_same_pid_on_another_host_took_is_never_freed(fleet: Fleet) -> None:
+    keys = FleetKeys(fleet.store)
+    leases = [keys.lease("s-pid"), keys.call_lease("s-pid", "c-held")]
+    args = [fleet.env["LOUSHO_TEST_FLEET_REDIS"], HOST, *leases, fleet.store.keys.running_of("s-pid"), "s-pid"]
+    try:
+        with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdout=subprocess.PIPE) as holder:
+            assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
+            watch = DeathWatch(keys)
+            assert watch.sweep(lambda _: True) == []
+            holder.kill()
+        # Meanwhile a live worker on another machine, which happens to have the same pid, took both leases
+        taken = {lease: f"other-{HOST}|{holder.pid}-live" for lease in leases}
+        for lease, token in taken.items():
+            fleet.redis.set(lease, token)
+
+        watch.sweep(lambda session_id: not fleet.redis.exists(keys.lease(session_id)))
+
+        assert {lease: fleet.redis.get(lease) for lease in leases} == {k: v.encode() for k, v in taken.items()}
+    finally:
+        fleet.redis.delete(*leases, fleet.store.keys.running_of("s-pid"))

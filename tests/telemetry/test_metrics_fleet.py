@@ -206,7 +206,7 @@ def test_a_worker_stopped_past_its_lease_in_a_model_turn_is_counted_as_a_lease_t
         time.sleep(0.02)
     holder = fleet.redis.get(lease)
     assert holder is not None
-    zombie = fleet.worker_with_pid(int(holder.decode().split("-")[0]))
+    zombie = fleet.worker_with_pid(int(holder.decode().split("|")[1].split("-")[0]))  # <host>|<pid>-<uuid>
 
     zombie.kill(signal.SIGSTOP)  # past its 2 s lease: the reaper requeues z1, the other worker takes it over
     fleet.wait_for(["z1"], timeout_s=60)
