@@ -7,6 +7,8 @@ connections were reset leaves no connection behind: the Redis server closes them
 each tool call in the fleet's running index whose process was seen connected before and is not now,
 frees that call's lease, and its session's lease if the process died holding it too (each only if that
 process still holds it), and requeues its session at once, instead of after the lease's TTL plus a reaper pass.
+A process that died in a model turn is not in the running index: once a process is gone, the in-flight
+index is read and each session lease it held is freed too, and that session requeued (`dead_turns`).
 
 A process that is alive keeps its connections, even when it is stopped (SIGSTOP), stalled in a long
 garbage collection or blocked in a tool: it is never taken over this way; its lease and the epoch
@@ -30,6 +32,7 @@ from typing import Any, cast
 
 import redis
 
+from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.stores.redis_common import load_script, redis_errors, text
 from lousho.stores.redis_slots import is_cluster, on_shards
@@ -37,6 +40,9 @@ from lousho.stores.redis_slots import is_cluster, on_shards
 __all__ = ["HOST", "DeadCall", "DeathWatch", "connection_name", "lease_token_prefix", "live_processes", "this_process"]
 
 NAME_PREFIX = "lousho|"
+
+EVER_MS = 2**62
+"""A deadline past every in-flight session's: `due` before it lists them all."""
 
 HOST = socket.gethostname().replace("|", "_")
 
@@ -101,16 +107,22 @@ class DeathWatch:
     seen: set[str] = field(default_factory=set)
     handled: set[str] = field(default_factory=set)
     """Entries already freed: a dead run's entry stays in the index a while (lua/call_begin.lua)."""
+    mourned: set[str] = field(default_factory=set)
+    """Processes whose session leases were already looked for (`dead_turns`), while they are still judged."""
 
     def dead_calls(self) -> list[DeadCall]:
         """The running calls whose process was seen connected and has no connection now."""
+        return self._judge()[0]
+
+    def _judge(self) -> tuple[list[DeadCall], set[str]]:
+        """The dead calls, and the processes found gone that were not mourned yet."""
         client = self.keys.store.client
         run_id, live = live_processes(client)
         if run_id != self.run_id:  # a restarted server: every connection is new, nothing seen counts
-            self.run_id, self.seen, self.handled = run_id, set(), set()
+            self.run_id, self.seen, self.handled, self.mourned = run_id, set(), set(), set()
         if not self.seen - live:  # no process gone: the running index need not be read (16,384 shards on a Cluster)
-            self.seen = live
-            return []
+            self.seen, self.mourned = live, set()
+            return [], set()
         with redis_errors(client, "read the fleet's running index"):
             shards = on_shards(client, self.keys.shards("running"), lambda pipe, shard: pipe.zrange(shard, 0, -1))
         entries = [text(e) for shard in cast(list[list[bytes]], shards) for e in shard]
@@ -118,21 +130,46 @@ class DeathWatch:
         gone = self.seen - live
         self.seen = live | {c.process for c in calls if c.process in gone}  # the dead, while they have entries
         self.handled &= {c.entry for c in calls}
-        return [c for c in calls if c.process in gone and c.entry not in self.handled]
+        new, self.mourned = gone - self.mourned, self.mourned & self.seen
+        return [c for c in calls if c.process in gone and c.entry not in self.handled], new
+
+    def dead_turns(self, processes: set[str]) -> list[tuple[str, str]]:
+        """(session, process) of each in-flight session whose session lease one of `processes` holds: it died in a
+        model turn, or while it folded or committed a step (the in-flight index is read only when one is gone)."""
+        if not processes:
+            return []
+        client = self.keys.store.client
+        sessions = [s for s, _ in InflightIndex.of(self.keys.store, 0).due(due_before_ms=EVER_MS)]
+        with redis_errors(client, "read the leases of the in-flight sessions"):
+            holders = on_shards(client, [self.keys.lease(s) for s in sessions], lambda pipe, key: pipe.get(key))
+        by_prefix = {lease_token_prefix(p): p for p in processes}
+        held = [(s, text(h)) for s, h in zip(sessions, holders, strict=True) if h is not None]
+        return [(s, p) for s, h in held for prefix, p in by_prefix.items() if h.startswith(prefix)]
 
     def sweep(self, requeue: Callable[[str], bool]) -> list[str]:
-        """Free each dead call's lease and `requeue` its session now; the sessions requeued."""
-        client = self.keys.store.client
+        """Free each dead call's lease and each dead model turn's session lease, and `requeue` their sessions
+        now; the sessions requeued."""
+        calls, gone = self._judge()
         requeued: list[str] = []
-        for call in self.dead_calls():
-            with redis_errors(client, f"free the leases of call {call.call_id!r} of {call.session_id!r}"):
-                free = load_script(client, "lousho.fleet:free_dead_lease")
-                dead = lease_token_prefix(call.process)
-                free(keys=[self.keys.call_lease(call.session_id, call.call_id)], args=[dead])
-                # and the session's, if it died while it held that too (committing the call, folding it):
-                # else the requeue below is refused until that lease's TTL
-                free(keys=[self.keys.lease(call.session_id)], args=[dead])
+        for call in calls:
+            # and the session's lease, if it died while it held that too (committing the call, folding it):
+            # else the requeue below is refused until that lease's TTL
+            leases = [self.keys.call_lease(call.session_id, call.call_id), self.keys.lease(call.session_id)]
+            self._free(leases, call.process, f"call {call.call_id!r} of {call.session_id!r}")
             self.handled.add(call.entry)
             if call.session_id not in requeued and requeue(call.session_id):
                 requeued.append(call.session_id)
+        for session_id, process in self.dead_turns(gone):  # a model turn holds only its session's lease
+            self._free([self.keys.lease(session_id)], process, f"session {session_id!r}")
+            if session_id not in requeued and requeue(session_id):
+                requeued.append(session_id)
+        self.mourned |= gone
         return requeued
+
+    def _free(self, leases: list[str], process: str, what: str) -> None:
+        """Delete each of `leases` that `process` still holds (lua/free_dead_lease.lua)."""
+        client = self.keys.store.client
+        with redis_errors(client, f"free the leases of {what}"):
+            free = load_script(client, "lousho.fleet:free_dead_lease")
+            for lease in leases:
+                free(keys=[lease], args=[lease_token_prefix(process)])

@@ -174,3 +174,30 @@ def test_a_lease_that_a_process_with_the_same_pid_on_another_host_took_is_never_
         assert {lease: fleet.redis.get(lease) for lease in leases} == {k: v.encode() for k, v in taken.items()}
     finally:
         fleet.redis.delete(*leases, fleet.store.keys.running_of("s-pid"))
+
+
+def test_a_worker_killed_in_a_model_turn_has_its_session_asked_again_well_before_its_lease_expires(
+    fleet: Fleet, reaper: FleetSettings
+) -> None:
+    lease_ttl_s = 30.0  # the TTL path could requeue it only after 30 s
+    env = {"LOUSHO_TEST_TRACK": "1", "LOUSHO_TEST_LEASE_TTL_S": str(lease_ttl_s)}
+    fleet.start_worker(**env)
+    fleet.start_worker(**env)
+    fleet.script("s-turn", [Message.assistant("done")])
+    fleet.redis.set(fleet.key("model-delay:s-turn:1"), "5")  # the model takes 5 s to answer turn 1
+    fleet.client.enqueue("jobs", "job s-turn", session_id="s-turn")
+    deadline = time.monotonic() + 30
+    while not (holder := fleet.redis.get(FleetKeys(fleet.store).lease("s-turn"))) or not fleet.counts("asked"):
+        assert time.monotonic() < deadline  # the model is being asked, under the session's lease only
+        time.sleep(0.02)
+    victim = fleet.worker_with_pid(int(holder.decode().split("|")[1].split("-")[0]))  # <host>|<pid>-<uuid>
+    time.sleep(0.5)  # the reaper has seen it connected
+
+    victim.kill(signal.SIGKILL)
+    killed_at = time.time()
+    fleet.wait_for(["s-turn"], timeout_s=60)
+
+    assert fleet.counts("asked") == {"s-turn:1": 2}  # its turn was asked again: the killed run saved nothing
+    assert time.time() - killed_at < lease_ttl_s / 3  # the second asking (5 s) did not wait for the lease
+    assert_finished_with_every_result(fleet.client.checkpoint("s-turn"), "s-turn")
+    assert fleet.violations() == []
