@@ -5,6 +5,7 @@ it is left alone, past its lease it is taken over as before and its late result 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -133,47 +134,45 @@ time.sleep(120)
 """
 
 
-def test_a_process_that_died_holding_its_sessions_lease_too_is_requeued_at_once(fleet: Fleet) -> None:
+@contextlib.contextmanager
+def died_holding(fleet: Fleet, session_id: str) -> Iterator[tuple[DeathWatch, list[str], int]]:
+    """A process that took `session_id`'s session lease and the lease of its call c-held, was seen alive by a
+    `DeathWatch` and then SIGKILLed: the watch, the leases, and the dead process's pid."""
     keys = FleetKeys(fleet.store)
-    leases = [keys.lease("s-held"), keys.call_lease("s-held", "c-held")]
-    args = [fleet.env["LOUSHO_TEST_FLEET_REDIS"], HOST, *leases, fleet.store.keys.running_of("s-held"), "s-held"]
-    try:
-        with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdout=subprocess.PIPE) as holder:
-            assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
-            watch, asked = DeathWatch(keys), []
-            assert watch.sweep(asked.append) == []  # alive: seen, left alone
-            holder.kill()
-
-        def requeue(session_id: str) -> bool:
-            asked.append(session_id)
-            return not fleet.redis.exists(keys.lease(session_id))  # as `Requeue`: refused while a lease is held
-
-        assert watch.sweep(requeue) == ["s-held"]
-        assert fleet.redis.exists(*leases) == 0
-    finally:
-        fleet.redis.delete(*leases, fleet.store.keys.running_of("s-held"))
-
-
-def test_a_lease_that_a_process_with_the_same_pid_on_another_host_took_is_never_freed(fleet: Fleet) -> None:
-    keys = FleetKeys(fleet.store)
-    leases = [keys.lease("s-pid"), keys.call_lease("s-pid", "c-held")]
-    args = [fleet.env["LOUSHO_TEST_FLEET_REDIS"], HOST, *leases, fleet.store.keys.running_of("s-pid"), "s-pid"]
+    leases = [keys.lease(session_id), keys.call_lease(session_id, "c-held")]
+    running = fleet.store.keys.running_of(session_id)
+    args = [fleet.env["LOUSHO_TEST_FLEET_REDIS"], HOST, *leases, running, session_id]
     try:
         with subprocess.Popen([sys.executable, "-c", HOLDER, *args], stdout=subprocess.PIPE) as holder:
             assert holder.stdout is not None and holder.stdout.readline() == b"holding\n"
             watch = DeathWatch(keys)
-            assert watch.sweep(lambda _: True) == []
+            assert watch.sweep(lambda _: True) == []  # alive: seen, left alone
             holder.kill()
+        yield watch, leases, holder.pid
+    finally:
+        fleet.redis.delete(*leases, running)
+
+
+def test_a_process_that_died_holding_its_sessions_lease_too_is_requeued_at_once(fleet: Fleet) -> None:
+    with died_holding(fleet, "s-held") as (watch, leases, _):
+
+        def requeue(session_id: str) -> bool:  # as `Requeue`: refused while a lease is held
+            return not fleet.redis.exists(FleetKeys(fleet.store).lease(session_id))
+
+        assert watch.sweep(requeue) == ["s-held"]
+        assert fleet.redis.exists(*leases) == 0
+
+
+def test_a_lease_that_a_process_with_the_same_pid_on_another_host_took_is_never_freed(fleet: Fleet) -> None:
+    with died_holding(fleet, "s-pid") as (watch, leases, pid):
         # Meanwhile a live worker on another machine, which happens to have the same pid, took both leases
-        taken = {lease: f"other-{HOST}|{holder.pid}-live" for lease in leases}
+        taken = {lease: f"other-{HOST}|{pid}-live" for lease in leases}
         for lease, token in taken.items():
             fleet.redis.set(lease, token)
 
-        watch.sweep(lambda session_id: not fleet.redis.exists(keys.lease(session_id)))
+        watch.sweep(lambda session_id: not fleet.redis.exists(FleetKeys(fleet.store).lease(session_id)))
 
         assert {lease: fleet.redis.get(lease) for lease in leases} == {k: v.encode() for k, v in taken.items()}
-    finally:
-        fleet.redis.delete(*leases, fleet.store.keys.running_of("s-pid"))
 
 
 def test_a_worker_killed_in_a_model_turn_has_its_session_asked_again_well_before_its_lease_expires(
