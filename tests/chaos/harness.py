@@ -31,7 +31,7 @@ import redis
 
 from lousho import Message, ToolCall
 from lousho.engine import CANCELLED_RESULT
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, StoreUnavailableError
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess
@@ -349,6 +349,29 @@ class Approver:
                     self.violations.append("a decision for an unknown approval id was accepted")
                 except ApprovalNotFoundError:
                     self.refused_twice += 1
+
+
+def decide_lost_approvals_again(fleet: ChaosFleet, approver: Approver) -> int:
+    """Approvals the approver decided that are pending again: the decision was acknowledged by the dead primary
+    and never reached its replica. The web app shows them pending again; the human decides them again, the
+    same way (the worker may have acted on the first decision before the failover). How many there were."""
+    for _ in range(50):
+        try:
+            return decide_pending_again(fleet, approver)
+        except StoreUnavailableError:
+            time.sleep(0.2)
+    raise AssertionError("the approvals stayed unreadable after the failover")
+
+
+def decide_pending_again(fleet: ChaosFleet, approver: Approver) -> int:
+    """Decide again, the same way, each approval the approver decided that shows as pending (a web app shows
+    it so; the human decides it again); how many. Raises `StoreUnavailableError` while a slot has no primary."""
+    again = [s for s in fleet.client.approvals() if s.tool_call.id in approver.decisions]
+    for snapshot in again:
+        fleet.client.resolve_approval(
+            snapshot.id, approved=approver.decisions[snapshot.tool_call.id], note=approver.notes[snapshot.tool_call.id]
+        )
+    return len(again)
 
 
 class Aborter:

@@ -45,6 +45,8 @@ from tests.chaos.harness import (
     Row,
     check_each_version_acked_once,
     check_sessions,
+    decide_lost_approvals_again,
+    decide_pending_again,
     drop_queue,
     install_scripts,
     pick,
@@ -164,12 +166,15 @@ def test_sentinel_primary_sigkilled_mid_run(
     awake = threading.Event()
     awake.set()
     typed_errors: list[str] = []
+    decided_again: list[int] = []
 
     def approve() -> None:
         if not awake.is_set():
             return
         try:
             approver()
+            if not acked:  # a decision a failover lost shows pending again: the human decides it again (as on a Cluster)
+                decided_again.append(decide_pending_again(fleet, approver))
         except StoreUnavailableError as exc:  # no master for a moment: a typed error, retried later
             typed_errors.append(exc.code)
 
@@ -180,6 +185,7 @@ def test_sentinel_primary_sigkilled_mid_run(
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
     lost: dict[str, int] = {}
     recoveries: list[float] = []
+    lost_decisions = 0
     try:
         for _ in range(CRASHES):
             time.sleep(rng.uniform(1.0, 3.0))
@@ -193,6 +199,8 @@ def test_sentinel_primary_sigkilled_mid_run(
                 worker.kill(signal.SIGSTOP)
             for session, versions in _lost_saves(fleet, sessions, saves).items():
                 lost[session] = lost.get(session, 0) + versions
+            if not acked:  # with `min_replicas_acked` a decision is WAITed: one shown pending again stays a violation
+                lost_decisions += decide_lost_approvals_again(fleet, approver)
             for worker in fleet.alive():  # a run whose save failed during the failover runs again
                 fleet.note_interrupted(worker.pid)
                 worker.kill(signal.SIGCONT)
@@ -219,6 +227,8 @@ def test_sentinel_primary_sigkilled_mid_run(
         # and it must still finish, unless the failover lost it whole (its enqueue): that one is gone, and counted
         violations = [v for v in violations if not any(v.startswith(s) for s in lost) or _stuck(v)]
         figures["sessions lost whole (their enqueue)"] = sum(fleet.client.status(s).status == "unknown" for s in lost)
+        figures["approval decisions lost in a failover (shown pending again, decided again)"] = lost_decisions
+        figures["approvals pending again at another time (decided again)"] = sum(decided_again)
     violations += approver.violations + helpers.errors
     violations += [f"not a typed error during the failover: {e}" for e in typed_errors if not e.startswith("LOUSHO_")]
     if not reaper_alive:
