@@ -4,7 +4,7 @@ A paused session's approval is several writes in different slots, maybe on diffe
 approval `<prefix>approval:<id>` with its entry in the pending index's shard of that slot, the paused
 checkpoint `<prefix>{<session>}:cp`, and later the decision's result folded into the checkpoint and the
 approval's "applied" mark. Replication is asynchronous, so a failover can lose one and keep the others;
-the session would then wait for ever in one of three ways, each repaired here from the checkpoint, which
+the session would then wait for ever in one of four ways, each repaired here from the checkpoint, which
 holds what the approval needs (the call it paused on, the approval id; `pausing.approval_snapshot`):
 
 - `lost`: the approval is gone: it is written again, pending, as the pause wrote it (a sub-agent's chain
@@ -13,7 +13,11 @@ holds what the approval needs (the call it paused on, the approval id; `pausing.
   as it is, which puts the entry back;
 - `unapplied`: it is decided and marked applied, but the checkpoint still waits on it (the save that
   recorded the decision's result is gone): the mark is taken back and the session sent to a worker,
-  which applies the decision again (see `_reopen_applied_mark` for why not ask the human again).
+  which applies the decision again (see `_reopen_applied_mark` for why not ask the human again);
+- `undelivered`: it is decided, not applied, and the session is out of the in-flight index: `resolve_approval`
+  writes the decision, then puts the session back in the index, two writes in different slots; a failover
+  between them (or one that lost the second) left a decision no worker will ever be sent to apply, and a
+  human who tries again is told it is decided already. The session is put back in the index, due now.
 
 Paused sessions are out of the in-flight index and no index lists them by status, so finding them costs a
 `SCAN` of the store's session heads (`RedisCheckpointStore.sessions`): a pass does it once every
@@ -45,7 +49,7 @@ __all__ = ["Repair", "RepairedApproval", "repair_approval_records", "repair_if_d
 
 log = logging.getLogger("lousho.reaper")
 
-Repair = Literal["lost", "unlisted", "unapplied"]
+Repair = Literal["lost", "unlisted", "unapplied", "undelivered"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ def _repair_session(store: RedisStore, settings: FleetSettings, session_id: str)
         pipe.exists(store.keys.approval(approval_id))
         pipe.zscore(store.keys.pending_approvals_of(approval_id), approval_id)
         exists, score = cast(list[int | float | None], pipe.execute())
+        in_flight = store.client.zscore(store.keys.inflight_of(session_id), session_id) is not None
     if _parent_waits_on(store, paused):
         return None  # a sub-agent's approval is stored as its parent's snapshot: repaired from the parent
     if not exists:
@@ -137,6 +142,9 @@ def _repair_session(store: RedisStore, settings: FleetSettings, session_id: str)
         if _paused(store, session_id) != paused:  # read after the mark: a worker that recorded it moved on
             return None
         return _reopen_applied_mark(store, settings, paused, stored)
+    if stored.status != "pending" and stored.applied_at is None and not in_flight:
+        _due_now(store, settings, session_id)
+        return RepairedApproval(session_id, approval_id, "undelivered")
     return None
 
 
@@ -165,11 +173,16 @@ def _reopen_applied_mark(
     )
     if written is None:
         return None
-    inflight = InflightIndex.of(store, settings.lease_ttl_ms)
-    # Due now (a deadline just past: `due` reads those strictly before now), so the reaper pass that follows
-    # sends it to a worker; as `resolve_approval`, the index also retries a message that is lost.
-    inflight.touch(session_id, inflight.server_time_ms() - 1)
+    _due_now(store, settings, session_id)
     return RepairedApproval(session_id, approval_id, "unapplied")
+
+
+def _due_now(store: RedisStore, settings: FleetSettings, session_id: str) -> None:
+    """Put the session in the in-flight index due now (a deadline just past: `due` reads those strictly before
+    now), so the reaper pass that follows sends it to a worker; as after `resolve_approval`, the index also
+    retries a message that is lost. Twice is harmless: the worker that holds the session's lease applies it."""
+    inflight = InflightIndex.of(store, settings.lease_ttl_ms)
+    inflight.touch(session_id, inflight.server_time_ms() - 1)
 
 
 def _rebuild(store: RedisStore, keys: FleetKeys, paused: Checkpoint) -> ApprovalSnapshot | None:

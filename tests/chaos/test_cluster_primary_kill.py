@@ -29,6 +29,8 @@ import pytest
 import redis
 
 from lousho.errors import StoreUnavailableError
+from lousho.fleet.inflight import InflightIndex
+from lousho.fleet.liveness import EVER_MS
 from lousho.testing.redis_cluster import RedisClusterNodes
 from tests.chaos.harness import (
     SEED,
@@ -202,23 +204,26 @@ REPAIRS = {
     "lost": "approval gone, written again",
     "unlisted": "pending but unlisted, listed again",
     "unapplied": "marked applied, result lost, applied again",
+    "undelivered": "decided, out of the in-flight index, sent again",
 }
 
 
 def repaired_approval_records(reaper_log: str) -> Counter[str]:
     """The repairs the reaper's log names (`approval repair: ... <session> (<repair>), ...`), by kind."""
     lines = [line for line in reaper_log.splitlines() if "approval repair:" in line]
-    return Counter(m.group(1) for line in lines for m in re.finditer(r"\S+ \((lost|unlisted|unapplied)\)", line))
+    return Counter(m.group(1) for line in lines for m in re.finditer(r"\S+ \((lost|unlisted|unapplied|undelivered)\)", line))
 
 
 def paused_without_their_approval(fleet: ChaosFleet, sessions: list[str]) -> set[str]:
     """Sessions paused on an approval whose record the failover lost in part: the approval, the pending
     index's entry or the paused checkpoint live in different slots (maybe on different primaries), and a dead
-    primary took one of them with it while the others survived. Three ways, each a loss of asynchronous
+    primary took one of them with it while the others survived. Four ways, each a loss of asynchronous
     replication that the reaper repairs (`lousho.scheduler.approval_repair`, docs/topologies.md#redis-cluster):
-    the approval is gone; it is pending but no listing shows it (its index entry is gone); or it is marked
-    applied while the checkpoint still waits on it (the checkpoint's save of the decision is gone)."""
+    the approval is gone; it is pending but no listing shows it (its index entry is gone); it is marked
+    applied while the checkpoint still waits on it (the checkpoint's save of the decision is gone); or it is
+    decided while the session is out of the in-flight index (`resolve_approval`'s write after the decision)."""
     listed = {s.id for s in fleet.client.approvals()}
+    inflight = dict(InflightIndex.of(fleet.store, 0).due(EVER_MS))
     found = set()
     for session in sessions:
         checkpoint = fleet.store.checkpoints.load(session)
@@ -230,6 +235,7 @@ def paused_without_their_approval(fleet: ChaosFleet, sessions: list[str]) -> set
             snapshot is None
             or (snapshot.status == "pending" and approval_id not in listed)
             or snapshot.applied_at is not None
+            or (snapshot.status != "pending" and inflight.get(session) is None)
         ):
             found.add(session)
     return found

@@ -174,10 +174,33 @@ def test_a_sub_agents_lost_approval_is_written_again_with_its_part_nested(
         assert travel.runs == {"c1": 1}
 
 
+def test_a_decision_whose_session_a_failover_left_out_of_the_in_flight_index_is_applied(
+    driver: FleetDriver, shop: Shop
+) -> None:
+    approval_id = paused(driver)
+    driver.client.resolve_approval(approval_id, approved=True)
+    # resolve_approval's writes after the decision (the in-flight entry, the advance) were lost in a failover:
+    # the approval is decided, so no listing shows it and deciding it again is refused.
+    driver.store.client.zrem(driver.store.keys.inflight_of("s"), "s")
+    [advance] = driver.pending()
+    driver.drop(advance)
+    assert driver.client.approvals() == [] and driver.client.status("s").status == "awaiting-approval"
+
+    assert repair(driver) == [RepairedApproval("s", approval_id, "undelivered")]
+    run_reaper(driver.store, driver.client.app, driver.settings, passes=1)  # the requeue
+    driver.run_until_idle()
+
+    assert_finished_with_every_result(driver.client.checkpoint("s"), "s")
+    assert shop.runs == {"p1": 1}
+    applied = driver.store.approvals.load(approval_id)
+    assert applied is not None and applied.status == "approved" and applied.applied_at is not None
+    assert repair(driver) == []
+
+
 def test_a_complete_approval_record_is_left_untouched(driver: FleetDriver) -> None:
     paused(driver, "s")
-    decided = paused(driver, "t")  # decided but not yet applied (its advance not delivered): complete too
-    driver.store.approvals.decide(decided, True, None)
+    decided = paused(driver, "t")  # decided, back in the in-flight index, its advance not delivered: complete
+    driver.client.resolve_approval(decided, approved=True)
     client = driver.store.client
     pattern = re.sub(r"([*?\[\]\\])", r"\\\1", driver.store.keys.prefix) + "*"
     before = {key: client.dump(key) for key in client.scan_iter(match=pattern, count=1000)}
