@@ -32,6 +32,7 @@ import redis
 from lousho import Message, ToolCall
 from lousho.engine import CANCELLED_RESULT
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, StoreUnavailableError
+from lousho.fleet.liveness import HOST, lease_token_prefix
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.testing.workers import WorkerProcess
@@ -153,7 +154,7 @@ class ChaosFleet(Fleet):
             pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "{*}:lease:*"
             for lease_key in self.redis.scan_iter(match=pattern, count=1000):
                 token = self.redis.get(lease_key)
-                if token is not None and token.decode().startswith(f"{pid}-"):
+                if token is not None and token.decode().startswith(lease_token_prefix(f"{HOST}|{pid}")):
                     calls[lease_key.decode().rsplit(":lease:", 1)[1]] = 1  # leased: its run may not have started
             for call, leased in calls.items():
                 session = self.call_session.get(call)
