@@ -109,6 +109,10 @@ class DeathWatch:
     """Entries already freed: a dead run's entry stays in the index a while (lua/call_begin.lua)."""
     mourned: set[str] = field(default_factory=set)
     """Processes whose session leases were already looked for (`dead_turns`), while they are still judged."""
+    baseline: dict[str, float] = field(default_factory=dict)
+    """On one Redis, the running index (entry: score) as the first sweep under this server run read it. An entry
+    not in it as it was there was written (begun or beaten) under this run, by a process connected then: that
+    process is judged though no sweep saw it, as a worker SIGKILLed within a sweep interval of its start is."""
 
     def dead_calls(self) -> list[DeadCall]:
         """The running calls whose process was seen connected and has no connection now."""
@@ -117,21 +121,37 @@ class DeathWatch:
     def _judge(self) -> tuple[list[DeadCall], set[str]]:
         """The dead calls, and the processes found gone that were not mourned yet."""
         client = self.keys.store.client
+        # On one Redis the index is read before the processes are listed, so each entry read was written before
+        # the listing: a process it names that is not listed had a connection and has none now. A Cluster's
+        # 16,384 shards are read only when a process seen before is gone (issue #18).
+        index = None if is_cluster(client) else self._running_index()
         run_id, live = live_processes(client)
         if run_id != self.run_id:  # a restarted server: every connection is new, nothing seen counts
             self.run_id, self.seen, self.handled, self.mourned = run_id, set(), set(), set()
-        if not self.seen - live:  # no process gone: the running index need not be read (16,384 shards on a Cluster)
+            self.baseline, index = index or {}, None  # what the index held then is left to the leases
+        gone = (self.seen - live) | self._unseen_writers(index or {}, live)
+        if not gone:  # no process gone: on a Cluster the running index need not be read
             self.seen, self.mourned = live, set()
             return [], set()
-        with redis_errors(client, "read the fleet's running index"):
-            shards = on_shards(client, self.keys.shards("running"), lambda pipe, shard: pipe.zrange(shard, 0, -1))
-        entries = [text(e) for shard in cast(list[list[bytes]], shards) for e in shard]
-        calls = [DeadCall(e) for e in entries if e.count("|") >= 3]
-        gone = self.seen - live
+        calls = [DeadCall(e) for e in (index if index is not None else self._running_index()) if e.count("|") >= 3]
         self.seen = live | {c.process for c in calls if c.process in gone}  # the dead, while they have entries
         self.handled &= {c.entry for c in calls}
         new, self.mourned = gone - self.mourned, self.mourned & self.seen
         return [c for c in calls if c.process in gone and c.entry not in self.handled], new
+
+    def _running_index(self) -> dict[str, float]:
+        """Every entry of the fleet's running index, over its shards, with its score (its last beat)."""
+        client = self.keys.store.client
+        with redis_errors(client, "read the fleet's running index"):
+            shards = on_shards(
+                client, self.keys.shards("running"), lambda pipe, shard: pipe.zrange(shard, 0, -1, withscores=True)
+            )
+        return {text(e): float(score) for shard in cast(list[list[tuple[bytes, float]]], shards) for e, score in shard}
+
+    def _unseen_writers(self, index: dict[str, float], live: set[str]) -> set[str]:
+        """The processes not connected now whose entry in `index` was written under this server run."""
+        changed = (e for e, score in index.items() if e.count("|") >= 3 and self.baseline.get(e) != score)
+        return {DeadCall(e).process for e in changed} - live
 
     def dead_turns(self, processes: set[str]) -> list[tuple[str, str]]:
         """(session, process) of each in-flight session whose session lease one of `processes` holds: it died in a
