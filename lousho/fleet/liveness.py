@@ -13,9 +13,11 @@ index is read and each session lease it held is freed too, and that session requ
 A process that is alive keeps its connections, even when it is stopped (SIGSTOP), stalled in a long
 garbage collection or blocked in a tool: it is never taken over this way; its lease and the epoch
 fencing treat it as before (a TTL, then a takeover, and a zombie's save refused). A process is judged
-only after it was seen connected, and what was seen is forgotten when the Redis server restarts (its
-`run_id` changes), so a restart or a worker from before this release is never taken for a death: for
-those, the lease TTL stays the rule.
+only after it was seen connected, or (on one Redis) once its entry in the running index was written under
+this server run: a worker SIGKILLed within a sweep interval of its start is caught too. What was seen is
+forgotten when the Redis server restarts (its `run_id` changes), and what the index held then is left
+alone, so a restart or a worker from before this release is never taken for a death: for those, the
+lease TTL stays the rule.
 
 On a Redis Cluster each node lists only its own connections: a process is live while it has a connection
 open on any primary, the run id is every primary's (a failover's new primary makes it new, so nothing seen
