@@ -5,6 +5,7 @@ it is left alone, past its lease it is taken over as before and its late result 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import subprocess
@@ -12,13 +13,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from pydantic import BaseModel
 
-from lousho import Message
+from lousho import Agent, Message, ToolContext, define_tool
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.liveness import DeathWatch, live_processes
+from lousho.providers import ScriptedProvider, tool_calls
 from lousho.scheduler import run_reaper
+from lousho.stores.redis import RedisStore
+from lousho.testing.fleet import FleetDriver
 from lousho.worker import FleetSettings
 from lousho.worker.running import HOST
 from tests.engine.helpers import assert_finished_with_every_result
@@ -237,3 +243,45 @@ def test_a_worker_killed_in_a_model_turn_has_its_session_asked_again_well_before
     assert time.time() - killed_at < lease_ttl_s / 3  # the second asking (5 s) did not wait for the lease
     assert_finished_with_every_result(fleet.client.checkpoint("s-turn"), "s-turn")
     assert fleet.violations() == []
+
+
+class Nothing(BaseModel):
+    pass
+
+
+def test_a_running_call_of_the_test_double_is_never_taken_for_a_dead_process(
+    redis_url: str, redis_store: RedisStore
+) -> None:
+    # `FleetDriver` runs steps in the test's process, which Celery never started: a sweep that judges a process
+    # by its entry in the running index would take its calls for a dead process's unless it names its connections.
+    release = threading.Event()
+
+    async def wait(args: Nothing, ctx: ToolContext) -> str:
+        await asyncio.to_thread(release.wait, 30)
+        return "ok"
+
+    agent = Agent(name="jobs", model="scripted", tools=[define_tool(name="wait", description="", input=Nothing,
+                                                                    execute=wait)])  # fmt: skip
+    provider = ScriptedProvider([tool_calls(("c1", "wait", {})), "done"])
+    with FleetDriver(agents=[agent], redis_url=redis_url, store=redis_store, provider=provider) as driver:
+        keys = FleetKeys(driver.store)
+        watch = DeathWatch(keys)
+        assert watch.sweep(lambda _: True) == []  # the first sweep: the index as this server run had it
+        driver.client.enqueue("jobs", "go", session_id="s-driver")
+        driver.deliver(driver.pending()[0])  # the model turn: it dispatches c1
+        with ThreadPoolExecutor(1) as delivering:
+            done = delivering.submit(driver.deliver, driver.pending()[0])
+            deadline = time.monotonic() + 10
+            while not driver.store.client.zcard(driver.store.keys.running_of("s-driver")):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+
+            swept = [watch.sweep(lambda _: True) for _ in range(3)]
+            held = driver.store.client.exists(keys.call_lease("s-driver", "c1"))
+            release.set()
+            done.result(timeout=10)
+
+        assert swept == [[], [], []]
+        assert held == 1
+        driver.run_until_idle()
+        assert driver.client.status("s-driver").status == "finished"
