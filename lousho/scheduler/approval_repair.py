@@ -13,7 +13,9 @@ holds what the approval needs (the call it paused on, the approval id; `pausing.
   as it is, which puts the entry back;
 - `unapplied`: it is decided and marked applied, but the checkpoint still waits on it (the save that
   recorded the decision's result is gone): the mark is taken back and the session sent to a worker,
-  which applies the decision again (see `_reopen_applied_mark` for why not ask the human again);
+  which applies the decision again (see `_reopen_applied_mark` for why not ask the human again). For a
+  sub-agent's approval, the session sent is the parent when it still waits on it (it hands the decision
+  on again), else the sub-agent, which its parent's save outlived;
 - `undelivered`: it is decided, not applied, and the session is out of the in-flight index: `resolve_approval`
   writes the decision, then puts the session back in the index, two writes in different slots; a failover
   between them (or one that lost the second) left a decision no worker will ever be sent to apply, and a
@@ -129,20 +131,21 @@ def _repair_session(store: RedisStore, settings: FleetSettings, session_id: str)
         )
         return _done(session_id, approval_id, "lost", written)
     stored = store.approvals.load(approval_id)
-    if stored is None or stored.session_id != session_id:
+    if stored is None or stored.for_session(session_id) is None:
         return None
-    if stored.status == "pending" and score is None:
+    outer = stored.session_id == session_id  # else a sub-agent's part, and its parent no longer waits on it
+    if outer and stored.status == "pending" and score is None:
         written = store.approvals.rewrite(
             approval_id,
             _only_if(lambda s: s is not None and s.status == "pending", lambda s: s),
             action="list an unlisted approval",
         )
         return _done(session_id, approval_id, "unlisted", written)
-    if stored.status != "pending" and stored.applied_at is not None and stored.child is None:
+    if stored.status != "pending" and stored.applied_at is not None:
         if _paused(store, session_id) != paused:  # read after the mark: a worker that recorded it moved on
             return None
         return _reopen_applied_mark(store, settings, paused, stored)
-    if stored.status != "pending" and stored.applied_at is None and not in_flight:
+    if outer and stored.status != "pending" and stored.applied_at is None and not in_flight:
         _due_now(store, settings, session_id)
         return RepairedApproval(session_id, approval_id, "undelivered")
     return None

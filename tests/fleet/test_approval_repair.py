@@ -174,6 +174,47 @@ def test_a_sub_agents_lost_approval_is_written_again_with_its_part_nested(
         assert travel.runs == {"c1": 1}
 
 
+def restore(driver: FleetDriver, saved: dict[bytes, bytes], session: str) -> None:
+    """The session's slot as `saved` held it: its primary died having replicated nothing since."""
+    client = driver.store.client
+    client.delete(*session_keys(driver, session))
+    for key, dumped in saved.items():
+        client.restore(key, 0, dumped)
+
+
+@pytest.mark.parametrize("lost", [("trip", CHILD), (CHILD,)], ids=["both-sessions", "the-sub-agent-alone"])
+def test_a_sub_agents_applied_mark_whose_result_was_lost_is_taken_back_and_the_decision_applied_again(
+    redis_url: str, redis_store: RedisStore, lost: tuple[str, ...]
+) -> None:
+    travel = Travel()
+    with FleetDriver(agents=[travel.planner], redis_url=redis_url, store=redis_store, provider=travel,
+                     settings=SETTINGS) as driver:  # fmt: skip
+        gated_trip(travel)
+        driver.client.enqueue("planner", "plan", session_id="trip")
+        driver.run_until_idle()
+        approval_id = driver.client.status("trip").approval_id
+        assert approval_id is not None
+        at_pause = {session: session_keys(driver, session) for session in lost}
+        driver.client.resolve_approval(approval_id, approved=True)
+        driver.run_until_idle()  # the sub-agent charged the card, the approval was marked applied, both finished
+        for session in lost:  # what the sessions' slots saved since the pause is gone; the approval's kept all
+            restore(driver, at_pause[session], session)
+        stored = driver.store.approvals.load(approval_id)
+        assert stored is not None and stored.status == "approved" and stored.applied_at is not None
+        assert driver.client.status(CHILD).status == "awaiting-approval"
+
+        run_reaper(driver.store, driver.client.app, driver.settings, passes=1)  # the repair, then the requeue
+        driver.run_until_idle()
+
+        assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
+        assert_finished_with_every_result(driver.client.checkpoint(CHILD), CHILD)
+        assert driver.client.approvals() == []  # the human is not asked again: the decision stands
+        assert travel.runs == {"c1": 2}  # its result was lost with the sub-agent's slot: it runs again
+        again = driver.store.approvals.load(approval_id)
+        assert again is not None and again.status == "approved" and again.applied_at is not None
+        assert repair(driver) == []
+
+
 def test_a_decision_whose_session_a_failover_left_out_of_the_in_flight_index_is_applied(
     driver: FleetDriver, shop: Shop
 ) -> None:
