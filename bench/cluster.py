@@ -9,6 +9,9 @@ against one Redis, in the same run (issue #18).
    - store on the Cluster (a private 6-node cluster: 3 primaries, 3 replicas), broker on the one Redis.
 2. The reaper's pass (`reap_once`) with 0, 1,000 and 10,000 idle sessions (in the in-flight index, none due):
    on one Redis the index is one key; on the Cluster it has a shard per slot, 16,384 ZRANGEBYSCOREs a pass.
+3. The reaper's approval repair (`repair_approval_records`, once every `approval_repair_interval_s`, 30 s by
+   default) with 0, 1,000 and 10,000 stored sessions, none paused: paused sessions are in no index, so it is a
+   SCAN of the session heads and a GET of each (a paused session adds the reads of its approval record).
 
 Worker processes and cluster nodes are ended by pid; every key and queue made is deleted.
 """
@@ -30,8 +33,11 @@ import redis
 from bench.broker import BrokerFleet
 from bench.common import delete_prefix, fmt, stats
 from bench.fleet import Fleet, forget_queue
+from lousho.checkpoint import Checkpoint
 from lousho.fleet.inflight import InflightIndex
+from lousho.messages import Message
 from lousho.scheduler import reap_once
+from lousho.scheduler.approval_repair import repair_approval_records
 from lousho.stores.redis import RedisStore
 from lousho.testing.redis_cluster import RedisClusterNodes
 from lousho.testing.redis_server import redis_url
@@ -97,6 +103,24 @@ def reaper_pass_ms(store: RedisStore, idle: int, passes: int) -> list[float]:
     return timings[1:]
 
 
+def repair_pass_ms(store: RedisStore, stored: int, passes: int) -> list[float]:
+    """ms of the approval repair with `stored` finished sessions in the store (none paused: none to repair)."""
+    for n in range(stored):
+        session = f"stored-{n}"
+        messages = [Message.user("book a table"), Message.assistant("booked")]
+        store.checkpoints.save(session, Checkpoint(session_id=session, version=1, status="finished", messages=messages))
+    settings = FleetSettings(queue="lousho-bench-no-queue")
+    timings = []
+    for _ in range(passes + 1):  # the first is a warm-up
+        started = time.perf_counter()
+        repaired = repair_approval_records(store, settings)
+        timings.append((time.perf_counter() - started) * 1000)
+        assert repaired == [], repaired  # nothing is paused
+    for n in range(stored):
+        store.checkpoints.delete(f"stored-{n}")
+    return timings[1:]
+
+
 def run(sessions: int, turns: int, repeats: int, passes: int) -> dict[str, Any]:
     with (
         redis_url() as url,
@@ -117,12 +141,17 @@ def run(sessions: int, turns: int, repeats: int, passes: int) -> dict[str, Any]:
         }
         try:
             rates = measure_throughput(fleets, sessions, turns, repeats)
+            stores = {
+                "one Redis": RedisStore(client, prefix=f"{prefix}r:"),
+                "Cluster": RedisStore(cluster_client, prefix=f"{prefix}r:"),
+            }
             reaper = {
                 where: {str(idle): stats(reaper_pass_ms(store, idle, passes)) for idle in IDLE_COUNTS}
-                for where, store in (
-                    ("one Redis", RedisStore(client, prefix=f"{prefix}r:")),
-                    ("Cluster", RedisStore(cluster_client, prefix=f"{prefix}r:")),
-                )
+                for where, store in stores.items()
+            }
+            repair = {
+                where: {str(stored): stats(repair_pass_ms(store, stored, passes)) for stored in IDLE_COUNTS}
+                for where, store in stores.items()
             }
         finally:
             for fleet in fleets.values():
@@ -147,12 +176,13 @@ def run(sessions: int, turns: int, repeats: int, passes: int) -> dict[str, Any]:
             "Cluster store / one Redis, outbox off": ratio("Cluster store, Redis broker", "one Redis, outbox off"),
         },
         "reaper_pass_ms": reaper,
+        "repair_pass_ms": repair,
         "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
     }
 
 
 def markdown(result: dict[str, Any]) -> str:
-    reaper = result["reaper_pass_ms"]
+    reaper, repair = result["reaper_pass_ms"], result["repair_pass_ms"]
     return "\n".join(
         [
             f"# The fleet on a Redis Cluster store against one Redis ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})",
@@ -180,11 +210,24 @@ def markdown(result: dict[str, Any]) -> str:
                 for idle in IDLE_COUNTS
             ),
             "",
+            "The reaper's approval repair (`repair_approval_records`, ms; once every `approval_repair_interval_s`, 30 s "
+            "by default) with stored sessions, none paused:",
+            "",
+            "| stored sessions | one Redis | Cluster |",
+            "| - | - | - |",
+            *(
+                f"| {stored:,} | {fmt(repair['one Redis'][str(stored)])} | {fmt(repair['Cluster'][str(stored)])} |"
+                for stored in IDLE_COUNTS
+            ),
+            "",
             "Notes. Three primaries on one 2-core machine share its cores with the workers: the Cluster's figures here show "
             "its costs (no outbox: each step's next task is one more broker round trip; redis-py's cluster client "
             "spends more CPU per command), not the capacity three machines would add. The reaper reads every shard "
             "each pass whatever the load (one script call per primary: lousho/fleet/lua/due_in_shards.lua), so its "
-            "pass has a floor on the Cluster; idle sessions add little to it, since a pass reads only due entries.",
+            "pass has a floor on the Cluster; idle sessions add little to it, since a pass reads only due entries. "
+            "The approval repair finds paused sessions, which no index lists, by a SCAN of every session head and a "
+            "GET of each (on a Cluster, of every primary): it grows with the sessions stored, finished ones included "
+            "until they are pruned, hence its own interval (lousho/scheduler/approval_repair.py).",
             "",
         ]
     )

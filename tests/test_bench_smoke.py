@@ -110,3 +110,21 @@ def test_the_hop_profile_keeps_the_notes_below_its_marker_and_replaces_the_table
     out.write_text("# table 1\n" + KEPT + "\n## What it shows\n\nnotes\n", encoding="utf-8")
 
     assert with_kept_notes("# table 2\n", out) == "# table 2\n\n" + KEPT + "\n## What it shows\n\nnotes\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_cluster_bench_writes_its_throughput_reaper_and_repair_tables(tmp_path: Path) -> None:
+    from tests.topologies.cluster_fleet import require_cluster_binaries
+
+    require_cluster_binaries()
+    out = tmp_path / "cluster.md"
+    command = [sys.executable, "-m", "bench.cluster", "--quick", "--markdown", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=380, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    table = out.read_text()
+    for row in ("| one Redis (outbox on) |", "| Cluster store, Redis broker |", "| Cluster store / one Redis |"):
+        assert row in table, table
+    for header in ("| idle sessions | one Redis | Cluster (16,384 shards) |", "| stored sessions | one Redis | Cluster |"):
+        rows = table.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+        assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1,000", "| 10,000"], table
