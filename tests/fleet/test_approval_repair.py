@@ -7,6 +7,7 @@ again and that deciding it finishes the session with every guarantee."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -90,6 +91,36 @@ def session_keys(driver: FleetDriver, session: str) -> dict[bytes, bytes]:
     return {key: client.dump(key) for key in client.scan_iter(match=pattern, count=1000)}
 
 
+def restore(driver: FleetDriver, saved: dict[bytes, bytes], session: str) -> None:
+    """The session's slot as `saved` held it: its primary died having replicated nothing since."""
+    client = driver.store.client
+    client.delete(*session_keys(driver, session))
+    for key, dumped in saved.items():
+        client.restore(key, 0, dumped)
+
+
+def assert_applied_with_nothing_left_to_repair(driver: FleetDriver, approval_id: str) -> None:
+    """The human is not asked again (no approval listed), the decision is marked applied, the record complete."""
+    assert driver.client.approvals() == []
+    again = driver.store.approvals.load(approval_id)
+    assert again is not None and again.status == "approved" and again.applied_at is not None
+    assert repair(driver) == []
+
+
+@contextlib.contextmanager
+def paused_trip(redis_url: str, redis_store: RedisStore) -> Iterator[tuple[FleetDriver, Travel, str]]:
+    """A planner paused on its cashier sub-agent's approval: the driver, the agents' model, the approval id."""
+    travel = Travel()
+    with FleetDriver(agents=[travel.planner], redis_url=redis_url, store=redis_store, provider=travel,
+                     settings=SETTINGS) as driver:  # fmt: skip
+        gated_trip(travel)
+        driver.client.enqueue("planner", "plan", session_id="trip")
+        driver.run_until_idle()
+        approval_id = driver.client.status("trip").approval_id
+        assert approval_id is not None and driver.client.status(CHILD).approval_id == approval_id
+        yield driver, travel, approval_id
+
+
 def test_a_paused_session_whose_approval_record_was_lost_gets_it_back(driver: FleetDriver, shop: Shop) -> None:
     approval_id = paused(driver)
     shown = driver.store.approvals.load(approval_id)
@@ -125,11 +156,7 @@ def test_an_applied_mark_whose_result_the_checkpoint_lost_is_taken_back_and_the_
     approval_id = paused(driver)
     at_pause = session_keys(driver, "s")
     decide_and_finish(driver, approval_id)  # the tool ran, the run finished, the approval was marked applied
-    # The session's primary dies having replicated nothing since the pause; the approval's primary kept all.
-    client = driver.store.client
-    client.delete(*session_keys(driver, "s"))
-    for key, dumped in at_pause.items():
-        client.restore(key, 0, dumped)
+    restore(driver, at_pause, "s")  # the approval's primary kept all
     stored = driver.store.approvals.load(approval_id)
     assert stored is not None and stored.status == "approved" and stored.applied_at is not None
     assert driver.client.status("s").status == "awaiting-approval"
@@ -140,24 +167,14 @@ def test_an_applied_mark_whose_result_the_checkpoint_lost_is_taken_back_and_the_
     assert_finished_with_every_result(driver.client.checkpoint("s"), "s")
     # The human is not asked again: the decision stands and is applied again. Its result was lost with the
     # session's slot, so the call runs again with the same tool_call_id, as after a crash (issue #18).
-    assert driver.client.approvals() == []
     assert shop.runs == {"p1": 2}
-    again = driver.store.approvals.load(approval_id)
-    assert again is not None and again.status == "approved" and again.applied_at is not None
-    assert repair(driver) == []
+    assert_applied_with_nothing_left_to_repair(driver, approval_id)
 
 
 def test_a_sub_agents_lost_approval_is_written_again_with_its_part_nested(
     redis_url: str, redis_store: RedisStore
 ) -> None:
-    travel = Travel()
-    with FleetDriver(agents=[travel.planner], redis_url=redis_url, store=redis_store, provider=travel,
-                     settings=SETTINGS) as driver:  # fmt: skip
-        gated_trip(travel)
-        driver.client.enqueue("planner", "plan", session_id="trip")
-        driver.run_until_idle()
-        approval_id = driver.client.status("trip").approval_id
-        assert approval_id is not None and driver.client.status(CHILD).approval_id == approval_id
+    with paused_trip(redis_url, redis_store) as (driver, travel, approval_id):
         shown = driver.store.approvals.load(approval_id)
         driver.store.client.delete(driver.store.keys.approval(approval_id))
 
@@ -174,26 +191,11 @@ def test_a_sub_agents_lost_approval_is_written_again_with_its_part_nested(
         assert travel.runs == {"c1": 1}
 
 
-def restore(driver: FleetDriver, saved: dict[bytes, bytes], session: str) -> None:
-    """The session's slot as `saved` held it: its primary died having replicated nothing since."""
-    client = driver.store.client
-    client.delete(*session_keys(driver, session))
-    for key, dumped in saved.items():
-        client.restore(key, 0, dumped)
-
-
 @pytest.mark.parametrize("lost", [("trip", CHILD), (CHILD,)], ids=["both-sessions", "the-sub-agent-alone"])
 def test_a_sub_agents_applied_mark_whose_result_was_lost_is_taken_back_and_the_decision_applied_again(
     redis_url: str, redis_store: RedisStore, lost: tuple[str, ...]
 ) -> None:
-    travel = Travel()
-    with FleetDriver(agents=[travel.planner], redis_url=redis_url, store=redis_store, provider=travel,
-                     settings=SETTINGS) as driver:  # fmt: skip
-        gated_trip(travel)
-        driver.client.enqueue("planner", "plan", session_id="trip")
-        driver.run_until_idle()
-        approval_id = driver.client.status("trip").approval_id
-        assert approval_id is not None
+    with paused_trip(redis_url, redis_store) as (driver, travel, approval_id):
         at_pause = {session: session_keys(driver, session) for session in lost}
         driver.client.resolve_approval(approval_id, approved=True)
         driver.run_until_idle()  # the sub-agent charged the card, the approval was marked applied, both finished
@@ -208,11 +210,8 @@ def test_a_sub_agents_applied_mark_whose_result_was_lost_is_taken_back_and_the_d
 
         assert_finished_with_every_result(driver.client.checkpoint("trip"), "trip")
         assert_finished_with_every_result(driver.client.checkpoint(CHILD), CHILD)
-        assert driver.client.approvals() == []  # the human is not asked again: the decision stands
         assert travel.runs == {"c1": 2}  # its result was lost with the sub-agent's slot: it runs again
-        again = driver.store.approvals.load(approval_id)
-        assert again is not None and again.status == "approved" and again.applied_at is not None
-        assert repair(driver) == []
+        assert_applied_with_nothing_left_to_repair(driver, approval_id)
 
 
 def test_a_decision_whose_session_a_failover_left_out_of_the_in_flight_index_is_applied(
