@@ -17,8 +17,8 @@ only after it was seen connected, or (on one Redis) once its entry in the runnin
 this server run: a worker SIGKILLed within a sweep interval of its start is caught too. What was seen is
 forgotten when the Redis server restarts (its `run_id` changes), and what the index held then is left
 alone, so a restart is never taken for a death: for those entries, the lease TTL stays the rule. The entry
-rule counts on every process that writes the index naming its connections (a Celery worker of `create_app`,
-`lousho.testing.FleetDriver`); one that does not (Celery's eager mode) needs the sweep off.
+rule counts on every process that writes the index naming its connections: a Celery worker as it starts,
+any other process before its first task (`lousho.worker.running.name_connections`).
 
 On a Redis Cluster each node lists only its own connections: a process is live while it has a connection
 open on any primary, the run id is every primary's (a failover's new primary makes it new, so nothing seen

@@ -19,9 +19,9 @@ its own, as a worker process would have them: a provider or a tool that blocks (
 something, or delivers a message to another worker and waits for it) freezes its worker's
 whole loop, heartbeats included, as SIGSTOP freezes a process. The workers share this process:
 their entries in the fleet's running index (`<host>|<pid>|...`) are alike, so a rule about runs
-that died together on one host is tested with real workers (`lousho.testing.workers`). This process names
-its Redis connections as a worker process does, so a `lousho reaper` on the same Redis never takes the
-driver's running calls for a dead process's (issue #20, `lousho.fleet.liveness`).
+that died together on one host is tested with real workers (`lousho.testing.workers`). Its first task names
+this process's Redis connections as a worker process's (`FleetRuntime.run`), so a `lousho reaper` on the same
+Redis never takes the driver's running calls for a dead process's (issue #20, `lousho.fleet.liveness`).
 
 ```python
 with FleetDriver(agents=[agent], redis_url=url, provider=provider) as driver:
@@ -55,7 +55,6 @@ from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker.app import create_app
 from lousho.worker.registry import Presence
-from lousho.worker.running import name_connections
 from lousho.worker.transport import decode_entry
 
 __all__ = ["FleetDriver", "SentTask"]
@@ -134,9 +133,6 @@ class FleetDriver:
         timeout_s: float = 30.0,
     ) -> None:
         self.store = store or RedisStore(redis_url)
-        # Its workers write the running index as this process: named as a worker process's, its connections say
-        # it is alive, and a death sweep judges a process by its entry there even if no sweep saw it (issue #20).
-        name_connections(self.store.client)
         self.queue = f"lousho-driver-{uuid.uuid4().hex[:12]}"
         self.settings = replace(settings or FleetSettings(), queue=self.queue)
         self.timeout_s = timeout_s

@@ -100,19 +100,28 @@ def watch_shutdown() -> None:
 
 
 def name_connections(client: redis.Redis) -> None:
-    """Name every Redis connection this process opens from now on `lousho|<host>|<pid>`, and close the ones
-    it has: the reaper learns from the names that a process is gone (issue #20, fleet/liveness.py). Run in
-    each process that runs tasks: a prefork child after the fork, the main process of a solo or threads pool."""
+    """Name every Redis connection this process opens from now on `lousho|<host>|<pid>`, and close its idle
+    ones: the reaper learns from the names that a process is gone (issue #20, fleet/liveness.py). Celery's
+    start of a worker and of a pool child calls it (`watch_processes`), and so does a process's first task
+    (`FleetRuntime.run`: a `FleetDriver`, Celery's eager mode), before it writes the running index; once
+    named, a process is left as it is."""
     name = connection_name(HOST, os.getpid())
     if is_cluster(client):  # every node's pool, and the nodes found later (a failover's new primary; issue #18)
         cluster = cast(Any, client)
-        cluster.nodes_manager.connection_kwargs["client_name"] = name
         pools = [node.redis_connection.connection_pool for node in cluster.get_nodes() if node.redis_connection]
+        options = [cluster.nodes_manager.connection_kwargs, *(pool.connection_kwargs for pool in pools)]
     else:
         pools = [client.connection_pool]
-    for pool in pools:
-        pool.connection_kwargs["client_name"] = name
-        pool.disconnect()
+        options = [client.connection_pool.connection_kwargs]
+    if all(option.get("client_name") == name for option in options):
+        return  # named already, at Celery's start of this process
+    for option in options:
+        option["client_name"] = name
+    for pool in pools:  # a connection another thread is using stays open, unnamed: one named one is enough
+        if isinstance(pool, redis.BlockingConnectionPool):
+            cast(Any, pool).disconnect()  # it cannot spare the ones in use (and its method is untyped)
+        else:
+            pool.disconnect(inuse_connections=False)
     # One named connection from the start: a process is judged only once the reaper saw it connected. If Redis
     # is not up yet, the process is seen from its first command on.
     with contextlib.suppress(redis.RedisError):

@@ -22,6 +22,7 @@ from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.outbox import Outbox
+from lousho.worker.running import name_connections
 from lousho.worker.scripts import FleetScripts
 
 __all__ = ["FleetKeys", "FleetRuntime", "UnknownAgentError"]
@@ -126,8 +127,11 @@ class FleetRuntime:
             self.outbox.close()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a task's coroutine on this process's event loop (made anew after a fork)."""
+        """Run a task's coroutine on this process's event loop (made anew after a fork), its connections named."""
         if self._loop is None or self._loop_pid != os.getpid() or self._loop.is_closed():
+            # A process Celery never started (a `FleetDriver`, eager mode) is named before its first task writes
+            # the running index, or the death sweep would take its running calls for a dead process's (issue #20)
+            name_connections(self.store.client)
             self._loop = asyncio.new_event_loop()
             self._loop_pid = os.getpid()
         return self._loop.run_until_complete(coro)

@@ -249,11 +249,12 @@ class Nothing(BaseModel):
     pass
 
 
-def test_a_running_call_of_the_test_double_is_never_taken_for_a_dead_process(
+def test_a_call_running_in_a_process_celery_never_started_is_never_taken_for_a_dead_processes_call(
     redis_url: str, redis_store: RedisStore
 ) -> None:
-    # `FleetDriver` runs steps in the test's process, which Celery never started: a sweep that judges a process
-    # by its entry in the running index would take its calls for a dead process's unless it names its connections.
+    # `FleetDriver` runs steps in the test's process, which Celery never started (as eager mode would): a sweep that
+    # judges a process by its entry in the running index takes its calls for a dead process's unless its first task
+    # named its connections (`FleetRuntime.run`).
     release = threading.Event()
 
     async def wait(args: Nothing, ctx: ToolContext) -> str:
