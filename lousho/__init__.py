@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from lousho._version import __version__ as __version__
 from lousho.abort import AbortSignal
 from lousho.approvals import ApprovalDecision, ApprovalSnapshot, ApprovalStore
 from lousho.checkpoint import Checkpoint, CheckpointStore, HistoryEntry, get_checkpoint_history

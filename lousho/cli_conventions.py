@@ -10,11 +10,12 @@ write."""
 from __future__ import annotations
 
 import copy
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperArgument, TyperOption
+
+from lousho._version import __version__
 
 __all__ = [
     "GLOBAL_PANEL",
@@ -36,10 +37,8 @@ USAGE_ERROR: type[Exception] = typer.BadParameter.__bases__[0]
 
 
 def installed_version() -> str:
-    try:
-        return version("lousho")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
+    """lousho's version: the one in `lousho/_version.py`, which the wheel's metadata is built from (issue #35)."""
+    return __version__
 
 
 def show_version(value: bool) -> None:
