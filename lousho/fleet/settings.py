@@ -7,6 +7,8 @@ from typing import Any
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "DEFAULT_SLOTS",
+    "LOUSHO_POOL",
     "broker_url",
     "FleetSettings",
     "TASK_ADVANCE",
@@ -95,6 +97,12 @@ class FleetSettings:
         return self.heartbeat_interval_s or self.lease_ttl_s / 3
 
 
+LOUSHO_POOL = "lousho.worker.pool:AsyncioPool"
+"""The worker pool `create_app` makes the default (`celery worker` with no `-P`; issue #29)."""
+DEFAULT_SLOTS = 100
+"""Steps in flight per worker process on lousho's pool when `-c` is not given (issue #29)."""
+
+
 def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dict[str, Any]:
     """Celery settings that make a lousho fleet safe (DESIGN.md: 'Reliability rules for the fleet')."""
     config: dict[str, Any] = {
@@ -140,6 +148,11 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
     if settings.quorum_queues:  # the app's own queue and those it names per job (a Client's, the reaper's)
         config.update(task_default_queue_type="quorum", task_create_missing_queue_type="quorum")
     config.update(overrides)
+    if config.get("worker_pool", LOUSHO_POOL) == LOUSHO_POOL:
+        # Many steps in flight per process, since a fleet mostly waits on models (issue #29): lousho's pool,
+        # with `worker_concurrency` slots (not processes) in each worker process, unless the app names another.
+        config["worker_pool"] = LOUSHO_POOL
+        config.setdefault("worker_concurrency", DEFAULT_SLOTS)
     return config
 
 

@@ -106,7 +106,8 @@ def spawn_worker(
         "-A",
         app,
         "worker",
-        f"--pool={pool}",
+        # "lousho": the app's own pool (`create_app` makes lousho's the default; `-P` cannot name it, issue #29)
+        *([] if pool == "lousho" else [f"--pool={pool}"]),
         f"--concurrency={concurrency}",
         *(["-Q", queue] if queue else []),
         "-n",

@@ -1,7 +1,10 @@
-"""What a worker process knows: its agents, the store, the settings, and one event loop.
+"""What a worker process knows: its agents, the store, the settings, and its event loops.
 
-Celery runs tasks synchronously; the engine is async. Each worker process keeps one
-long-lived event loop (made after the fork) and runs every task's coroutine on it.
+Celery runs tasks synchronously; the engine is async. On lousho's pool (`pool.py`, the default) a
+task's coroutine runs on the process's one loop beside every other task's. On Celery's pools each
+thread keeps one long-lived event loop (made after the fork) and runs its tasks' coroutines on it:
+one loop per thread, so `-P threads` works (issue #29: a loop shared by threads raised "This event
+loop is already running").
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import asyncio
 import dataclasses
 import functools
 import os
+import threading
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -22,6 +26,7 @@ from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.worker.outbox import Outbox
+from lousho.worker.pool import await_on_loop, on_pool_loop
 from lousho.worker.running import name_connections
 from lousho.worker.scripts import FleetScripts
 
@@ -58,8 +63,11 @@ class FleetRuntime:
     """Called with every event of every run on this worker (logging, metrics)."""
     queue_named: bool = True
     """Whether `settings.queue` was given, not named after the agents by `create_app` (issue #15)."""
-    _loop: asyncio.AbstractEventLoop | None = None
-    _loop_pid: int = 0
+    _loops: threading.local = field(default_factory=threading.local)
+    """This thread's event loop, on Celery's pools (`run`)."""
+    _made: list[asyncio.AbstractEventLoop] = field(default_factory=list)
+    """Every loop made, to close (`close`)."""
+    _named_pid: int = 0
     _resolved: dict[str, ResolvedAgent] = field(default_factory=dict)
 
     @classmethod
@@ -119,19 +127,31 @@ class FleetRuntime:
         return dataclasses.replace(resolved, run_config={"ctx": ctx}) if ctx else resolved
 
     def close(self) -> None:
-        """Close the event loop and the outbox's broker connection (an app made and dropped in a process
+        """Close the event loops and the outbox's broker connection (an app made and dropped in a process
         that goes on: a test's, `lousho.testing.fleet`'s workers; issue #14)."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.close()
+        for loop in self._made:
+            if not loop.is_closed() and not loop.is_running():
+                loop.close()
+        self._made.clear()
         if "outbox" in self.__dict__:  # made on first use
             self.outbox.close()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run a task's coroutine on this process's event loop (made anew after a fork), its connections named."""
-        if self._loop is None or self._loop_pid != os.getpid() or self._loop.is_closed():
+        """Run a task's coroutine: on lousho's pool, on the process's loop beside the other tasks; else on
+        this thread's own loop (made anew after a fork)."""
+        if self._named_pid != os.getpid():
             # A process Celery never started (a `FleetDriver`, eager mode) is named before its first task writes
             # the running index, or the death sweep would take its running calls for a dead process's (issue #20)
             name_connections(self.store.client)
-            self._loop = asyncio.new_event_loop()
-            self._loop_pid = os.getpid()
-        return self._loop.run_until_complete(coro)
+            self._named_pid = os.getpid()
+        if on_pool_loop():
+            return await_on_loop(coro)
+        return self._thread_loop().run_until_complete(coro)
+
+    def _thread_loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
+        if loop is None or getattr(self._loops, "pid", 0) != os.getpid() or loop.is_closed():
+            loop = self._loops.loop = asyncio.new_event_loop()
+            self._loops.pid = os.getpid()
+            self._made.append(loop)
+        return loop

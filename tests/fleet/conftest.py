@@ -109,6 +109,8 @@ class Fleet:
             worker.kill()
 
 
+PREFORK = {"LOUSHO_TEST_CELERY_CONF": '{"worker_pool": "prefork"}'}
+"""A fleet_app worker on Celery's prefork pool: lousho's own is the app's default (issue #29)."""
 CODEC_ENV = {"LOUSHO_PAYLOAD_KEYS": "k1:" + base64.b64encode(bytes(range(32))).decode(), "LOUSHO_PAYLOAD_COMPRESS": "1"}
 """The payload codec on (compression, encryption under key id k1) for workers and the test's store (issue #17)."""
 

@@ -1,0 +1,106 @@
+"""The waiting workload (issue #29), as the agents of a real fleet spend their time: a model turn that
+answers after `LOUSHO_BENCH_MODEL_S` (default 1 s), one tool call that awaits `LOUSHO_BENCH_TOOL_S`
+(default 0.5 s), and a final model turn. Two apps, served by `celery -A bench.waiting_app:<app> worker`:
+
+- `app`: a lousho agent on a `ScriptedProvider(latency_s=...)`;
+- `floor`: bare Celery tasks with the same sleeps chained the same way (model, tool, model), each
+  enqueueing the next, on the same broker and Celery settings (`celery_config`), run on Celery's own
+  pool for I/O (`-P threads`); time.sleep, as a bare Celery task of a sync codebase waits.
+
+Both push `{"session", "t"}` to `<prefix>bench:done` when a session ends. Configured like
+`bench.fleet_app`: `LOUSHO_BENCH_REDIS`, `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+import redis as redis_py
+from celery import Celery
+from pydantic import BaseModel
+
+from lousho import Agent, ToolContext, define_tool
+from lousho.events import CheckpointSavedEvent, Event
+from lousho.fleet.settings import celery_config
+from lousho.providers import ScriptedProvider, tool_calls
+from lousho.providers.base import ModelRequest
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url, create_app
+
+URL = os.environ["LOUSHO_BENCH_REDIS"]
+PREFIX = os.environ["LOUSHO_BENCH_PREFIX"]
+QUEUE = os.environ["LOUSHO_BENCH_QUEUE"]
+MODEL_S = float(os.environ.get("LOUSHO_BENCH_MODEL_S", "1.0"))
+TOOL_S = float(os.environ.get("LOUSHO_BENCH_TOOL_S", "0.5"))
+redis = redis_py.Redis.from_url(URL)
+DONE = f"{PREFIX}bench:done"
+
+
+def finished(session: str) -> None:
+    redis.rpush(DONE, json.dumps({"session": session, "t": time.time()}))
+
+
+# -- lousho -----------------------------------------------------------------------------------
+
+
+class Wait(BaseModel):
+    s: float
+
+
+async def wait(args: Wait, ctx: ToolContext) -> dict[str, Any]:
+    await asyncio.sleep(args.s)
+    return {"waited_s": args.s}
+
+
+def answer(request: ModelRequest) -> Any:
+    if any(m.role == "tool" for m in request.messages):
+        return "done"
+    return tool_calls(("call_0", "wait", {"s": TOOL_S}))
+
+
+def on_event(event: Event) -> None:
+    if isinstance(event, CheckpointSavedEvent) and event.status == "finished":
+        finished(event.session_id)
+
+
+agent = Agent(
+    name="waiting",
+    model="scripted",
+    instructions="You wait.",
+    tools=[define_tool(name="wait", description="Waits", input=Wait, execute=wait)],
+)
+app = create_app(
+    agents=[agent],
+    store=RedisStore(URL, prefix=PREFIX),
+    broker=broker_url(URL),
+    provider=ScriptedProvider([answer] * 2, by_turn=True, latency_s=MODEL_S),
+    settings=FleetSettings(queue=QUEUE),
+    on_event=on_event,
+)
+
+# -- the floor: bare Celery ---------------------------------------------------------------------
+
+floor = Celery("lousho-waiting-floor", set_as_current=False)
+floor.conf.update(celery_config(broker_url(URL), FleetSettings(queue=QUEUE), worker_pool="threads"))
+FLOOR_STEP = "bench.waiting_step"
+PLAN = (MODEL_S, TOOL_S, MODEL_S)
+"""The floor session's steps: model, tool, model (each a task that sleeps, then sends the next)."""
+
+
+def send_floor_step(client_app: Celery, session: str, index: int) -> None:
+    client_app.send_task(
+        FLOOR_STEP, args=[session, index], task_id=f"{session}/step/{index}", queue=client_app.conf.task_default_queue
+    )
+
+
+@floor.task(name=FLOOR_STEP)  # type: ignore[untyped-decorator]
+def floor_step(session: str, index: int) -> None:
+    time.sleep(PLAN[index])
+    if index + 1 < len(PLAN):
+        send_floor_step(floor, session, index + 1)
+    else:
+        finished(session)

@@ -1,0 +1,161 @@
+"""lousho's Celery pool: hundreds of steps in flight in one worker process (issue #29).
+
+A fleet mostly waits: a model answers in seconds, a tool awaits a network call. Celery's prefork pool
+holds one task per process, and its threads pool a thread per task. This pool holds every task of the
+process on one event loop, in a thread of its own:
+
+- `on_apply` runs Celery's own task tracer (`apply_target`: accept, run, then the callback that acks
+  the message) in a greenlet driven by a coroutine on that loop;
+- the task body is lousho's (`FleetRuntime.run`): it hands its step's coroutine to the loop with
+  `await_on_loop` and its greenlet sleeps until the step is done, while the loop runs the other steps;
+- so the tracer returns, and the message is acknowledged, only after the step committed (acks_late),
+  exactly as on the prefork pool, and a worker killed mid-step leaves every unacked message to be
+  delivered again.
+
+A slot costs a greenlet and a coroutine (a few KB), not a thread's stack. Redis calls inside a step are
+blocking and short; they run on the loop between the waits. Sync tools run on the loop's default
+executor, sized to the pool's slots, so a sync tool never blocks the loop.
+
+Celery keeps its per-task state (`task.request`, `current_task`) in locals keyed by greenlet when the
+greenlet package is installed (`celery.utils.threads`), so interleaved tasks do not see each other's.
+
+`create_app` makes it the app's default (`worker_pool`): `celery -A app worker -c 200` runs 200 slots in
+one process. `-P prefork`/`-P threads`/`-P solo` still work (each thread then runs its own loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any, TypeVar
+
+import greenlet
+from celery.concurrency.base import BasePool, apply_target
+
+from lousho.fleet.settings import DEFAULT_SLOTS
+
+__all__ = ["AsyncioPool", "await_on_loop", "on_pool_loop"]
+
+log = logging.getLogger("lousho.worker")
+
+T = TypeVar("T")
+
+
+class _StepGreenlet(greenlet.greenlet):  # type: ignore[misc]
+    """A task's tracer, run by `_drive`: its `await_on_loop` switches back to the driver with a coroutine."""
+
+
+def on_pool_loop() -> bool:
+    """Whether this code runs in a task of an `AsyncioPool` (so it may `await_on_loop`)."""
+    return isinstance(greenlet.getcurrent(), _StepGreenlet)
+
+
+def await_on_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the pool's loop and return its result, from a task's (synchronous) body: this task's
+    greenlet sleeps meanwhile and the loop runs the others. Only inside an `AsyncioPool` task."""
+    current = greenlet.getcurrent()
+    if not isinstance(current, _StepGreenlet):
+        coro.close()
+        raise RuntimeError("await_on_loop is for tasks of lousho's AsyncioPool (see FleetRuntime.run)")
+    result: T = current.parent.switch(coro)
+    return result
+
+
+async def _drive(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run `fn(*args)` in a greenlet; await each coroutine it hands over, and give it back the result."""
+    step = _StepGreenlet(fn, greenlet.getcurrent())
+    handed = step.switch(*args)
+    while not step.dead:
+        try:
+            value = await handed
+        except BaseException:  # the step's coroutine raised: raise it where the task awaited it
+            handed = step.throw(*sys.exc_info())
+        else:
+            handed = step.switch(value)
+    return handed
+
+
+class _Applied:
+    """What `on_apply` returns (Celery reads it only for `get`/`wait`)."""
+
+    def __init__(self, future: Future[Any]) -> None:
+        self.future = future
+        self.get = future.result
+
+    def wait(self, timeout: float | None = None) -> None:
+        wait_futures([self.future], timeout)
+
+
+class AsyncioPool(BasePool):  # type: ignore[misc]
+    """One event loop per worker process, every task of the process on it (see the module's docstring)."""
+
+    body_can_be_buffer = True
+    signal_safe = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limit: int = int(self.limit or DEFAULT_SLOTS)
+        self.loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._in_flight: set[Future[Any]] = set()
+        self.most_in_flight = 0
+        """The most tasks this process held at once (counted, for `celery inspect stats` and the bench)."""
+
+    def on_start(self) -> None:
+        # Sync tools (`asyncio.to_thread`) get a thread each up to the slots, not the default 5 + cores.
+        self.loop.set_default_executor(ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix="lousho-tool"))
+        self._thread = threading.Thread(target=self._run_loop, name="lousho-pool-loop", daemon=True)
+        self._thread.start()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._slots = asyncio.Semaphore(self.limit)
+        self.loop.run_forever()
+
+    def on_apply(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        callback: Callable[..., Any] | None = None,
+        accept_callback: Callable[..., Any] | None = None,
+        **_: Any,
+    ) -> _Applied:
+        future = asyncio.run_coroutine_threadsafe(
+            self._apply(target, args, kwargs, callback, accept_callback), self.loop
+        )
+        self._in_flight.add(future)
+        self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
+        future.add_done_callback(self._in_flight.discard)
+        return _Applied(future)
+
+    async def _apply(self, *applied: Any) -> Any:
+        assert self._slots is not None
+        async with self._slots:  # -c N: at most N tasks run, whatever the prefetch let in
+            return await _drive(apply_target, *applied)
+
+    def on_stop(self) -> None:
+        """Warm shutdown: let every task in flight finish (and ack), then stop the loop."""
+        wait_futures(list(self._in_flight))
+        self._stop_loop()
+
+    def on_terminate(self) -> None:
+        """Cold shutdown: stop now; what was in flight is unacked, and delivered again."""
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def _get_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = super()._get_info()
+        info.update({"max-concurrency": self.limit, "in-flight": len(self._in_flight)})
+        info["most-in-flight"] = self.most_in_flight
+        return info
