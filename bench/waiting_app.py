@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from typing import Any
 
 import redis as redis_py
-from celery import Celery
+from celery import Celery, signals
 from pydantic import BaseModel
 
 from lousho import Agent, ToolContext, define_tool
@@ -44,6 +45,32 @@ def finished(session: str) -> None:
     redis.rpush(DONE, json.dumps({"session": session, "t": time.time()}))
 
 
+# Calls in flight in this process, counted as its tasks start and end (the same on both sides): now, in the hash
+# `in-flight` (the bench samples it beside the RSS), and the most, in `most-in-flight`.
+_counted = {"now": 0, "most": 0}
+_counting = threading.Lock()
+
+
+def _count(by: int) -> None:
+    with _counting:
+        _counted["now"] += by
+        now, most = _counted["now"], _counted["now"] > _counted["most"]
+        _counted["most"] = max(_counted["most"], now)
+    redis.hset(f"{PREFIX}bench:in-flight", str(os.getpid()), str(now))
+    if most:
+        redis.hset(f"{PREFIX}bench:most-in-flight", str(os.getpid()), str(now))
+
+
+@signals.task_prerun.connect  # type: ignore[untyped-decorator]
+def _started(**_: Any) -> None:
+    _count(1)
+
+
+@signals.task_postrun.connect  # type: ignore[untyped-decorator]
+def _ended(**_: Any) -> None:
+    _count(-1)
+
+
 # -- lousho -----------------------------------------------------------------------------------
 
 
@@ -64,7 +91,7 @@ def answer(request: ModelRequest) -> Any:
 
 def on_event(event: Event) -> None:
     if isinstance(event, CheckpointSavedEvent) and event.status == "finished":
-        finished(event.session_id)
+        finished(event.session_id or "")
 
 
 agent = Agent(

@@ -45,10 +45,14 @@ class Fleet:
     def key(self, name: str) -> str:
         return f"{self.prefix}test:{name}"
 
-    def start_worker(self, name: str | None = None, **env: str) -> WorkerProcess:
+    def start_worker(
+        self, name: str | None = None, *, pool: str = "solo", concurrency: int = 1, **env: str
+    ) -> WorkerProcess:
+        """A worker on `pool` ("lousho": lousho's own, the app's default, issue #29) with `concurrency` slots."""
         worker = start_worker(
             "tests.fleet.fleet_app", queue=self.queue, name=name or f"w{len(self.workers) + 1}",
             env={**self.env, **env}, cwd=ROOT, log_dir=self.log_dir,
+            pool=os.environ.get("LOUSHO_TEST_POOL", pool), concurrency=concurrency,
         )
         self.workers.append(worker)
         return worker

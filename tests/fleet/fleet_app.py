@@ -128,6 +128,28 @@ async def work(args: Work, ctx: ToolContext) -> dict[str, Any]:
     return {"n": args.n, "square": args.n * args.n}
 
 
+class Hold(BaseModel):
+    calls: int
+    """How many calls of the test must be in flight at once before this one returns."""
+
+
+async def hold(args: Hold, ctx: ToolContext) -> dict[str, Any]:
+    """Many calls in flight in one process (issue #29): each returns only once `calls` calls have started and,
+    on its first run, while the test holds them (key `hold`). A worker that held one call at a time would keep
+    the first waiting (until 120 s): so every result that says `seen >= calls` proves they were all in flight."""
+    count_run(ctx.tool_call_id)
+    first_run = int(redis.hget(key("runs"), ctx.tool_call_id) or 0) == 1
+    redis.incr(key("gathered"))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not ctx.signal.aborted:
+        seen = int(redis.get(key("gathered")) or 0)
+        if seen >= args.calls and not (first_run and redis.exists(key("hold"))):
+            break
+        await asyncio.sleep(0.05)
+    redis.incr(key("returned"))
+    return {"seen": int(redis.get(key("gathered")) or 0), "pid": os.getpid()}
+
+
 def charge(args: Charge, ctx: ToolContext) -> dict[str, Any]:
     count_run(ctx.tool_call_id)
     return {"charged": args.amount, "idempotency_key": ctx.tool_call_id}
@@ -164,6 +186,7 @@ agent = Agent(
         define_tool(name="mail_ask", description="Send mail", input=Work, execute=work, on_interrupted="ask"),
         define_tool(name="mail_fail", description="Send mail", input=Work, execute=work, on_interrupted="fail"),
         define_tool(name="echo", description="Say it back", input=Echo, execute=echo),
+        define_tool(name="hold", description="Wait for the others", input=Hold, execute=hold),
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )

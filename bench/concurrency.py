@@ -1,0 +1,228 @@
+"""The waiting workload on a fleet (issue #29): N sessions, each a model turn (1 s), a tool call (0.5 s) and a
+model turn (1 s), on at most 2 worker processes, against bare Celery tasks with the same sleeps chained the same
+way on Celery's threads pool: same broker, same Celery settings, same slots per process, in the same run.
+
+    python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--out DIR]
+
+Reports, per N and side: the wall time from the first enqueue to the last session's end, the most calls in
+flight in one process (counted by each process as its tasks start and end: `task_prerun`/`task_postrun`), and
+memory per in-flight session (the growth of each process's RSS over its idle RSS, divided by the calls it held
+at that moment, taken at the sample with the most in flight). Writes DIR/concurrency.md and DIR/concurrency.json
+(default docs/bench; `--quick`: docs/bench/quick, N = 100 only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery
+
+from bench.common import ROOT, machine, redis_target, revision
+from lousho.fleet.settings import celery_config
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.testing.workers import WorkerProcess, start_worker
+from lousho.worker import FleetSettings, broker_url
+
+PROCESSES = 2
+SIDES = {"lousho": ("bench.waiting_app:app", "lousho"), "floor": ("bench.waiting_app:floor", "threads")}
+ENQUEUERS = 8
+"""Threads sending the sessions, on both sides (a web app's many request handlers)."""
+
+
+def _hash(client: redis.Redis, key: str) -> dict[bytes, bytes]:
+    found: dict[bytes, bytes] = client.hgetall(key)  # type: ignore[assignment]
+    return found
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@dataclass
+class Sampler:
+    """Samples each worker's RSS and its calls in flight (as the process counts them) every 50 ms."""
+
+    client: redis.Redis
+    key: str
+    workers: list[WorkerProcess]
+    samples: list[tuple[int, int, int]] = field(default_factory=list)
+    """(pid, rss kB, calls in flight)"""
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.wait(0.05):
+            in_flight = {int(k): int(v) for k, v in _hash(self.client, self.key).items()}
+            for worker in self.workers:
+                self.samples.append((worker.pid, rss_kb(worker.pid), in_flight.get(worker.pid, 0)))
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(url: str, side: str, sessions: int, log_dir: str) -> dict[str, Any]:
+    app_spec, pool = SIDES[side]
+    prefix, queue = f"lousho-bench-{uuid.uuid4().hex[:8]}:", f"lousho-bench-wait-{uuid.uuid4().hex[:8]}"
+    env = {"LOUSHO_BENCH_REDIS": url, "LOUSHO_BENCH_PREFIX": prefix, "LOUSHO_BENCH_QUEUE": queue,
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    slots = math.ceil(sessions / PROCESSES)
+    client = redis.Redis.from_url(url)
+    with ThreadPoolExecutor(PROCESSES) as pool_of_starts:
+        starts = [
+            pool_of_starts.submit(
+                start_worker,
+                app_spec,
+                queue=queue,
+                name=f"{side}-{n}",
+                env=env,
+                cwd=str(ROOT),
+                pool=pool,
+                concurrency=slots,
+                log_dir=log_dir,
+            )
+            for n in range(PROCESSES)
+        ]
+        workers = [start.result() for start in starts]
+    try:
+        time.sleep(1.0)  # settled: imports done, connections open
+        idle = {w.pid: rss_kb(w.pid) for w in workers}
+        send = _sender(url, side, prefix, queue)
+        with Sampler(client, f"{prefix}bench:in-flight", workers) as sampler:
+            started = time.perf_counter()
+            with ThreadPoolExecutor(ENQUEUERS) as senders:
+                list(senders.map(send, (f"s{n}" for n in range(sessions))))
+            enqueued = time.perf_counter() - started
+            done = _wait_done(client, f"{prefix}bench:done", sessions)
+            wall = time.perf_counter() - started
+        most = {int(k): int(v) for k, v in _hash(client, f"{prefix}bench:most-in-flight").items()}
+        return {
+            "sessions": sessions, "wall_s": wall, "enqueue_s": enqueued, "finished": done, "slots": slots,
+            "most_in_flight": max(most.values(), default=0), "most_in_flight_by_pid": most,
+            "kb_per_session": _kb_per_session(sampler.samples, idle), "idle_rss_kb": idle,
+        }  # fmt: skip
+    finally:
+        for worker in workers:
+            worker.stop(timeout_s=60)
+        _forget(client, prefix, queue)
+
+
+def _sender(url: str, side: str, prefix: str, queue: str) -> Any:
+    if side == "lousho":
+        lousho = Client(
+            broker=broker_url(url), store=RedisStore(url, prefix=prefix), settings=FleetSettings(queue=queue)
+        )
+        return lambda session: lousho.enqueue("waiting", "wait for me", session_id=session)
+    sender = Celery("lousho-waiting-floor-client", set_as_current=False)
+    sender.conf.update(celery_config(broker_url(url), FleetSettings(queue=queue)))
+    return lambda session: sender.send_task(  # as bench.waiting_app.send_floor_step
+        "bench.waiting_step", args=[session, 0], task_id=f"{session}/step/0", queue=queue
+    )
+
+
+def _wait_done(client: redis.Redis, key: str, sessions: int) -> int:
+    done = 0
+    while done < sessions:
+        if client.blpop([key], timeout=300) is None:
+            break
+        done += 1
+    return done
+
+
+def _kb_per_session(samples: list[tuple[int, int, int]], idle: dict[int, int]) -> float | None:
+    """Per process, its RSS growth over idle divided by its calls in flight at its busiest sample; their median."""
+    figures = []
+    for pid, base in idle.items():
+        mine = [(rss, held) for p, rss, held in samples if p == pid and held > 0]
+        if mine:
+            rss, held = max(mine, key=lambda s: (s[1], s[0]))
+            figures.append((rss - base) / held)
+    return sorted(figures)[len(figures) // 2] if figures else None
+
+
+def _forget(client: redis.Redis, prefix: str, queue: str) -> None:
+    for key in client.scan_iter(f"{prefix}*", count=1000):
+        client.delete(key)
+    client.delete(queue)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# The waiting workload: many sessions in flight per process (issue #29)",
+        "",
+        f"{results['machine']}; commit {results['revision']}; `python -m bench.concurrency"
+        f"{' --quick' if results['mode'] == 'quick' else ''}`. Each session: a model turn (1 s), a tool call "
+        f"(0.5 s), a model turn (1 s). {PROCESSES} worker processes on each side, as many slots per process as "
+        "half the sessions. The floor: bare Celery tasks with the same sleeps, chained, on `-P threads`.",
+        "",
+        "| sessions | lousho wall | floor wall | ratio (goal <= 1.0) | lousho most in flight / process "
+        "| floor most in flight / process | lousho KB / in-flight session | floor KB / in-flight session "
+        "| ratio (goal <= 0.5) | finished (lousho / floor) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        ours, floor = row["lousho"], row["floor"]
+        memory = (
+            f"{ours['kb_per_session'] / floor['kb_per_session']:.2f}"
+            if ours["kb_per_session"] and floor["kb_per_session"]
+            else "n/a"
+        )
+        lines.append(
+            f"| {row['sessions']} | {ours['wall_s']:.2f} s | {floor['wall_s']:.2f} s "
+            f"| {ours['wall_s'] / floor['wall_s']:.2f} | {ours['most_in_flight']} | {floor['most_in_flight']} "
+            f"| {_kb(ours['kb_per_session'])} | {_kb(floor['kb_per_session'])} | {memory} "
+            f"| {ours['finished']} / {floor['finished']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _kb(value: float | None) -> str:
+    return f"{value:.1f}" if value is not None else "n/a"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="N = 100 only; writes docs/bench/quick")
+    parser.add_argument("--sizes", default=None, help="comma-separated session counts (default 100,1000,5000)")
+    parser.add_argument("--out", default=None)
+    options = parser.parse_args()
+    sizes = [int(s) for s in (options.sizes or ("100" if options.quick else "100,1000,5000")).split(",")]
+    out = Path(options.out or (ROOT / "docs" / "bench" / ("quick" if options.quick else "")))
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"mode": "quick" if options.quick else "full", "machine": machine(),
+                               "revision": revision(), "rows": []}  # fmt: skip
+    with redis_target() as (url, _where):
+        log_dir = tempfile.mkdtemp(prefix="lousho-bench-")
+        for sessions in sizes:
+            row: dict[str, Any] = {"sessions": sessions}
+            for side in ("floor", "lousho"):
+                row[side] = measure(url, side, sessions, log_dir)
+                print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
+                      f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
+            results["rows"].append(row)
+    (out / "concurrency.json").write_text(json.dumps(results, indent=2))
+    (out / "concurrency.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
