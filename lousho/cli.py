@@ -225,16 +225,24 @@ def worker(
     ctx: typer.Context,
     app_spec: str | None = typer.Option(None, "--app", "-A", help="The Celery app, module:attr (env: LOUSHO_APP)."),
     concurrency: int | None = typer.Option(
-        None, "--concurrency", "-c", help="Processes (prefork) per worker; default: one per core."
+        None, "--concurrency", "-c", help="Slots per process on lousho's pool (default 100); prefork: processes."
     ),
-    pool: str | None = typer.Option(None, "--pool", "-P", help="prefork (default), solo, ..."),
+    pool: str = typer.Option(
+        "lousho", "--pool", "-P", help="lousho (default: many steps per process), prefork, threads, solo."
+    ),
+    processes: int | None = typer.Option(
+        None, "--processes", help="Worker processes (default: one per core on lousho's pool, else 1).", min=1
+    ),
     hostname: str | None = typer.Option(None, "--hostname", "-n", help="Node name, e.g. worker1@%h."),
     worker_queue: str | None = typer.Option(
         None, "--queues", "-Q", help="Queues to consume; default: the app's lousho queue."
     ),
     loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
 ) -> None:
-    """Run a Celery worker for a lousho app: execs `celery -A APP worker` with lousho's flags (extra args go to celery)."""
+    """Run Celery workers for a lousho app: `celery -A APP worker` with lousho's flags, one process per core with
+    100 slots each by default (issue #29); extra args go to celery."""
+    from lousho.cli_worker import default_processes, run_worker_processes, worker_command
+
     settings = settings_of(ctx)
     spec = app_spec or settings.app
     if not spec:
@@ -242,26 +250,14 @@ def worker(
             "[LOUSHO_CONFIGURATION] no app: pass --app module:attr or set LOUSHO_APP (e.g. lousho.demo.fleet_app:app)"
         )
     _check_app(str(spec), settings)
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        str(spec),
-        "worker",
-        "-l",
-        loglevel,
-        "-O",
-        "fair",
-        "--without-gossip",
-        "--without-mingle",
-    ]
-    for flag, value in (("-c", concurrency), ("-P", pool), ("-n", hostname), ("-Q", worker_queue)):
-        if value is not None:
-            command += [flag, str(value)]
-    command += list(ctx.args)
+    extra = ["-l", loglevel, *(["-Q", worker_queue] if worker_queue else []), *ctx.args]
+    command, pool_env = worker_command(str(spec), pool, concurrency, extra)
+    env = {**os.environ, **settings.env(), **pool_env}
+    count = processes or default_processes(pool)
     sys.stdout.flush()
-    os.execve(sys.executable, command, {**os.environ, **settings.env()})
+    if count == 1:
+        os.execve(sys.executable, [*command, *(["-n", hostname] if hostname else [])], env)
+    raise typer.Exit(run_worker_processes(command, env, count, hostname))
 
 
 def _check_app(spec: str, settings: LoushoSettings) -> None:

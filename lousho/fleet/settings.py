@@ -9,6 +9,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "DEFAULT_SLOTS",
     "LOUSHO_POOL",
+    "pool_arguments",
     "broker_url",
     "FleetSettings",
     "TASK_ADVANCE",
@@ -101,6 +102,19 @@ LOUSHO_POOL = "lousho.worker.pool:AsyncioPool"
 """The worker pool `create_app` makes the default (`celery worker` with no `-P`; issue #29)."""
 DEFAULT_SLOTS = 100
 """Steps in flight per worker process on lousho's pool when `-c` is not given (issue #29)."""
+
+
+_BY_HOOK = {"lousho": LOUSHO_POOL, "prefork": "celery.concurrency.prefork:TaskPool"}
+"""Pools that `-P` cannot select by name once an app configures lousho's: `-P` takes only Celery's names, and
+Celery reads `-P prefork` as "the app's configured pool"."""
+
+
+def pool_arguments(pool: str) -> tuple[list[str], dict[str, str]]:
+    """The `celery worker` arguments and environment that select `pool` ("lousho", or any of Celery's): the two
+    above through Celery's hook for a pool of one's own, `-P custom` with `CELERY_CUSTOM_WORKER_POOL`."""
+    if pool in _BY_HOOK:
+        return ["-P", "custom"], {"CELERY_CUSTOM_WORKER_POOL": _BY_HOOK[pool]}
+    return ["-P", pool], {}
 
 
 def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dict[str, Any]:

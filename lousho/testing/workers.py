@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lousho.fleet.settings import pool_arguments
+
 __all__ = ["WorkerProcess", "spawn_worker", "start_worker"]
 
 _LIVE: set[WorkerProcess] = set()
@@ -99,6 +101,7 @@ def spawn_worker(
     when it is): a caller that must stay responsive, such as the demo on Ctrl-C (issue #15), waits itself."""
     folder = Path(log_dir or tempfile.mkdtemp(prefix="lousho-worker-"))
     log_path = folder / f"{name}.log"
+    arguments, pool_env = pool_arguments(pool)
     command = [
         sys.executable,
         "-m",
@@ -106,8 +109,7 @@ def spawn_worker(
         "-A",
         app,
         "worker",
-        # "lousho": the app's own pool (`create_app` makes lousho's the default; `-P` cannot name it, issue #29)
-        *([] if pool == "lousho" else [f"--pool={pool}"]),
+        *arguments,  # "lousho" or "prefork" through Celery's hook for a pool of one's own (issue #29)
         f"--concurrency={concurrency}",
         *(["-Q", queue] if queue else []),
         "-n",
@@ -120,7 +122,7 @@ def spawn_worker(
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(
             command,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **pool_env, **(env or {})},
             cwd=cwd,
             stdout=log_file,
             stderr=subprocess.STDOUT,

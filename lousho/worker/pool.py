@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine
@@ -112,6 +113,7 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         self.loop.set_default_executor(ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix="lousho-tool"))
         self._thread = threading.Thread(target=self._run_loop, name="lousho-pool-loop", daemon=True)
         self._thread.start()
+        log.info("lousho's pool: %d slots on one event loop in process %d", self.limit, os.getpid())
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)

@@ -46,13 +46,22 @@ class Fleet:
         return f"{self.prefix}test:{name}"
 
     def start_worker(
-        self, name: str | None = None, *, pool: str = "solo", concurrency: int = 1, **env: str
+        self, name: str | None = None, *, pool: str | None = None, concurrency: int = 1, **env: str
     ) -> WorkerProcess:
-        """A worker on `pool` ("lousho": lousho's own, the app's default, issue #29) with `concurrency` slots."""
+        """A worker on `pool` ("lousho": lousho's own, the app's default, issue #29) with `concurrency` slots.
+        Without a pool: solo, or LOUSHO_TEST_POOL with LOUSHO_TEST_SLOTS (the whole fleet suite on another pool)."""
+        if pool is None:
+            pool = os.environ.get("LOUSHO_TEST_POOL", "solo")
+            concurrency = int(os.environ.get("LOUSHO_TEST_SLOTS", concurrency))
         worker = start_worker(
-            "tests.fleet.fleet_app", queue=self.queue, name=name or f"w{len(self.workers) + 1}",
-            env={**self.env, **env}, cwd=ROOT, log_dir=self.log_dir,
-            pool=os.environ.get("LOUSHO_TEST_POOL", pool), concurrency=concurrency,
+            "tests.fleet.fleet_app",
+            queue=self.queue,
+            name=name or f"w{len(self.workers) + 1}",
+            env={**self.env, **env},
+            cwd=ROOT,
+            log_dir=self.log_dir,
+            pool=pool,
+            concurrency=concurrency,
         )
         self.workers.append(worker)
         return worker
@@ -113,8 +122,6 @@ class Fleet:
             worker.kill()
 
 
-PREFORK = {"LOUSHO_TEST_CELERY_CONF": '{"worker_pool": "prefork"}'}
-"""A fleet_app worker on Celery's prefork pool: lousho's own is the app's default (issue #29)."""
 CODEC_ENV = {"LOUSHO_PAYLOAD_KEYS": "k1:" + base64.b64encode(bytes(range(32))).decode(), "LOUSHO_PAYLOAD_COMPRESS": "1"}
 """The payload codec on (compression, encryption under key id k1) for workers and the test's store (issue #17)."""
 

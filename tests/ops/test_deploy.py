@@ -201,7 +201,7 @@ def test_a_fleet_started_from_the_unit_commands_runs_a_job_to_the_end(demo_fleet
         lousho("approve", approval)
         demo_fleet.wait_for("trip-rome", "finished")
         assert "Your day in Rome" in lousho("show", "trip-rome")
-        assert "ForkPoolWorker" in worker_log.read_text()  # prefork, --concurrency 2, as the unit says
+        assert "lousho's pool: 100 slots" in worker_log.read_text()  # one process, 100 steps in flight (issue #29)
 
         # the Kubernetes liveness command, aimed at this worker's node name
         k8s_worker = next(d for d in k8s_docs() if d["metadata"]["name"] == "lousho-worker")

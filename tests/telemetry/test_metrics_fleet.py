@@ -23,7 +23,7 @@ from lousho.fleet.keys import FleetKeys
 from lousho.telemetry.metrics import metrics_registry
 from lousho.testing.workers import start_worker
 from tests.docs.walkthrough import free_port
-from tests.fleet.conftest import PREFORK, ROOT, Fleet, tool_turn
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import start_recording_reaper
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -145,9 +145,9 @@ def test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port(
                                          (f"{session}-b", "work", {"n": 2, "sleep_s": 0.3})),
                                Message.assistant(f"{session} done")])  # fmt: skip
     env = {**fleet.env, "LOUSHO_METRICS": "1", "PROMETHEUS_MULTIPROC_DIR": str(folder), "LOUSHO_METRICS_PORT": str(port)}
-    # `celery worker` on Celery's prefork pool (named by the app: lousho's own pool is the default, issue #29):
-    # the tasks run in two child processes.
-    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env={**env, **PREFORK}, cwd=ROOT,
+    # `celery worker` on Celery's prefork pool (lousho's own is the default, issue #29): the tasks run in two
+    # child processes.
+    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env=env, cwd=ROOT,
                           pool="prefork", concurrency=2, log_dir=str(tmp_path))  # fmt: skip
     try:
         for session in ("p1", "p2"):

@@ -24,7 +24,7 @@ from lousho.telemetry import hooks
 from lousho.telemetry.counters import FleetCounters
 from lousho.telemetry.traces import trace_key
 from lousho.testing.workers import start_worker
-from tests.fleet.conftest import PREFORK, ROOT, Fleet, tool_turn
+from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import OtlpReceiver, ReceivedSpan
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -152,7 +152,7 @@ def test_prefork_children_export_their_hops_spans_into_the_runs_trace(
     fleet.script("f1", [tool_turn(("f1-a", "work", {"n": 1}), ("f1-b", "work", {"n": 2})), Message.assistant("f1 done")])
     env = {**fleet.env, "LOUSHO_TRACES": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": otlp_receiver.base_url,
            "OTEL_BSP_SCHEDULE_DELAY": "50"}  # fmt: skip
-    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env={**env, **PREFORK}, cwd=ROOT,
+    worker = start_worker("tests.fleet.fleet_app", queue=fleet.queue, name="prefork", env=env, cwd=ROOT,
                           pool="prefork", concurrency=2, log_dir=str(tmp_path))  # fmt: skip
     try:
         fleet.client.enqueue("jobs", "job f1", session_id="f1")
