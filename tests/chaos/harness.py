@@ -126,9 +126,11 @@ class ChaosFleet(Fleet):
     fault_log: list[str] = field(default_factory=list)
     triggers: list[str] = field(default_factory=list)
 
-    def start_worker(self, name: str | None = None, **env: str) -> WorkerProcess:
+    def start_worker(
+        self, name: str | None = None, *, pool: str | None = None, concurrency: int = 1, **env: str
+    ) -> WorkerProcess:
         self._started += 1
-        return super().start_worker(name or f"w{self._started}", **env)
+        return super().start_worker(name or f"w{self._started}", pool=pool, concurrency=concurrency, **env)
 
     def results_key(self, session_id: str) -> str:
         return f"{self.prefix}{{{session_id}}}:results"
