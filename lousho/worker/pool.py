@@ -46,6 +46,9 @@ log = logging.getLogger("lousho.worker")
 
 T = TypeVar("T")
 
+LOOPS = int(os.environ.get("LOUSHO_POOL_LOOPS", "4"))
+"""Event loops per process (issue #29): a step's blocking Redis calls wait on one loop, not on all."""
+
 
 class _StepGreenlet(greenlet.greenlet):  # type: ignore[misc]
     """A task's tracer, run by `_drive`: its `await_on_loop` switches back to the driver with a coroutine."""
@@ -92,8 +95,47 @@ class _Applied:
         wait_futures([self.future], timeout)
 
 
+class _LoopThread:
+    """One event loop running in a thread of its own, with its share of the pool's slots."""
+
+    def __init__(self, index: int, slots: int, executor: ThreadPoolExecutor) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(executor)
+        self.slots = slots
+        self.in_flight = 0
+        self._semaphore: asyncio.Semaphore | None = None
+        self._thread = threading.Thread(target=self._run, name=f"lousho-pool-loop-{index}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._semaphore = asyncio.Semaphore(self.slots)
+        self.loop.run_forever()
+
+    def submit(self, *applied: Any) -> Future[Any]:
+        self.in_flight += 1
+        future = asyncio.run_coroutine_threadsafe(self._apply(*applied), self.loop)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, _future: Future[Any]) -> None:
+        self.in_flight -= 1
+
+    async def _apply(self, *applied: Any) -> Any:
+        assert self._semaphore is not None
+        async with self._semaphore:  # -c N: at most N tasks run, whatever the prefetch let in
+            return await _drive(apply_target, *applied)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+
 class AsyncioPool(BasePool):  # type: ignore[misc]
-    """One event loop per worker process, every task of the process on it (see the module's docstring)."""
+    """Event loops in threads of one worker process, every task of the process on one of them (see the module's
+    docstring). A step's Redis calls are blocking: on one loop they would wait one after the other, so a process
+    runs `LOOPS` loops and hands each task to the least busy (the GIL is free while a thread waits on a socket)."""
 
     body_can_be_buffer = True
     signal_safe = False
@@ -101,24 +143,17 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limit: int = int(self.limit or DEFAULT_SLOTS)
-        self.loop = asyncio.new_event_loop()
-        self._thread: threading.Thread | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self.loops: list[_LoopThread] = []
         self._in_flight: set[Future[Any]] = set()
         self.most_in_flight = 0
         """The most tasks this process held at once (counted, for `celery inspect stats` and the bench)."""
 
     def on_start(self) -> None:
         # Sync tools (`asyncio.to_thread`) get a thread each up to the slots, not the default 5 + cores.
-        self.loop.set_default_executor(ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix="lousho-tool"))
-        self._thread = threading.Thread(target=self._run_loop, name="lousho-pool-loop", daemon=True)
-        self._thread.start()
-        log.info("lousho's pool: %d slots on one event loop in process %d", self.limit, os.getpid())
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self._slots = asyncio.Semaphore(self.limit)
-        self.loop.run_forever()
+        executor = ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix="lousho-tool")
+        count = max(1, min(LOOPS, self.limit))
+        self.loops = [_LoopThread(n, -(-self.limit // count), executor) for n in range(count)]
+        log.info("lousho's pool: %d slots on %d event loops in process %d", self.limit, count, os.getpid())
 
     def on_apply(
         self,
@@ -129,35 +164,25 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         accept_callback: Callable[..., Any] | None = None,
         **_: Any,
     ) -> _Applied:
-        future = asyncio.run_coroutine_threadsafe(
-            self._apply(target, args, kwargs, callback, accept_callback), self.loop
-        )
+        loop = min(self.loops, key=lambda candidate: candidate.in_flight)
+        future = loop.submit(target, args, kwargs, callback, accept_callback)
         self._in_flight.add(future)
         self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
         future.add_done_callback(self._in_flight.discard)
         return _Applied(future)
 
-    async def _apply(self, *applied: Any) -> Any:
-        assert self._slots is not None
-        async with self._slots:  # -c N: at most N tasks run, whatever the prefetch let in
-            return await _drive(apply_target, *applied)
-
     def on_stop(self) -> None:
-        """Warm shutdown: let every task in flight finish (and ack), then stop the loop."""
+        """Warm shutdown: let every task in flight finish (and ack), then stop the loops."""
         wait_futures(list(self._in_flight))
-        self._stop_loop()
+        self.on_terminate()
 
     def on_terminate(self) -> None:
         """Cold shutdown: stop now; what was in flight is unacked, and delivered again."""
-        self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
+        for loop in self.loops:
+            loop.stop()
 
     def _get_info(self) -> dict[str, Any]:
         info: dict[str, Any] = super()._get_info()
-        info.update({"max-concurrency": self.limit, "in-flight": len(self._in_flight)})
+        info.update({"max-concurrency": self.limit, "in-flight": len(self._in_flight), "loops": len(self.loops)})
         info["most-in-flight"] = self.most_in_flight
         return info
