@@ -52,7 +52,15 @@ FLEET_DOCS_CLI = "tests/ops/test_readme_commands.py::test_the_fleet_docs_cli_blo
 EVAL = "tests/ops/test_cli_eval.py::test_eval_drift_prints_each_pairs_drift_in_the_references_shape"
 DBM = "tests/stores/test_stores_doc.py::test_the_mapping_store_block_runs_and_the_cli_reads_its_dbm_file"
 METRICS_PREFORK = "tests/telemetry/test_metrics_fleet.py::test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port"
+WORKER_COMMAND = "tests/ops/test_worker_command.py::"
 RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI script (path) that runs it
+    # docs/fleet.md, many steps in flight per process (issue #29): run as printed, on the demo's app
+    "lousho worker --app myapp.lousho_app:app": WORKER_COMMAND
+    + "test_lousho_worker_runs_a_process_per_core_with_many_slots_and_starts_again_one_that_dies",
+    "lousho worker --app myapp.lousho_app:app --processes 1 -c 500": WORKER_COMMAND
+    + "test_lousho_worker_runs_one_process_with_the_slots_and_the_pool_asked_for",
+    "lousho worker --app myapp.lousho_app:app -P threads -c 50": WORKER_COMMAND
+    + "test_lousho_worker_runs_one_process_with_the_slots_and_the_pool_asked_for",
     "bash scripts/check": ".ci/run",  # the suite itself, this test included
     "lousho demo": "tests/ops/test_demo.py::test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session",
     "python examples/trip_planner_fork.py": "tests/test_examples.py::test_trip_planner_fork_shows_the_divergence",
