@@ -6,7 +6,8 @@ Parts (all by default): overhead (1. per-step overhead of durability in process,
 LangGraph and DBOS), latency (2. the fleet's per-step latency against a bare Celery hop),
 throughput (3. sessions/s and steps/s with 1, 2 and 4 workers), growth (4. save time and
 bytes per session at steps 10, 100 and 500, against naive saves and LangGraph's SqliteSaver),
-recovery (5. from a worker's SIGKILL to the session running again).
+recovery (5. from a worker's SIGKILL to the session running again), concurrency (6. the waiting workload:
+N sessions of 1 s model turns and a 0.5 s tool call, many in flight per process, `bench.concurrency`).
 
 Writes DIR/README.md (every table), DIR/summary.md (a snippet for the project README),
 DIR/results.json (every raw figure) and the PNG plots. `--full` (the default) writes to
@@ -32,10 +33,10 @@ from typing import Any
 
 import redis
 
-from bench import fleet, growth, inprocess, plots, report
+from bench import concurrency, fleet, growth, inprocess, plots, report
 from bench.common import ROOT, machine, redis_target, revision, versions
 
-PARTS = ("overhead", "latency", "throughput", "growth", "recovery")
+PARTS = ("overhead", "latency", "throughput", "growth", "recovery", "concurrency")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class Config:
     throughput_repeats: int
     recovery_repeats: tuple[int, int]
     """(default settings, tuned settings)"""
+    concurrency_sizes: tuple[int, ...]
+    """Sessions of the waiting workload (issue #29)."""
 
 
 QUICK = Config(
@@ -66,6 +69,7 @@ QUICK = Config(
     throughput_turns=5,
     throughput_repeats=1,
     recovery_repeats=(1, 2),
+    concurrency_sizes=(100,),
 )
 FULL = Config(
     mode="full",
@@ -79,6 +83,7 @@ FULL = Config(
     throughput_turns=10,
     throughput_repeats=3,
     recovery_repeats=(8, 8),
+    concurrency_sizes=(100, 1000, 5000),
 )
 
 
@@ -131,6 +136,13 @@ def measure(config: Config, parts: set[str]) -> dict[str, Any]:
                     {"recovery"},
                     f"5. recovery ({config.recovery_repeats} repeats)",
                     lambda: fleet.run(url, {"recovery"}, config),
+                )
+            if "concurrency" in parts:
+                attempt(
+                    results,
+                    {"concurrency"},
+                    f"6. the waiting workload ({', '.join(map(str, config.concurrency_sizes))} sessions)",
+                    lambda: {"concurrency": concurrency.run(url, config.concurrency_sizes)},
                 )
             results["meta"] = {
                 "mode": config.mode,

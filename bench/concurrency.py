@@ -166,37 +166,63 @@ def _forget(client: redis.Redis, prefix: str, queue: str) -> None:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [
+    machine_ = results["machine"]
+    return "\n".join([
         "# The waiting workload: many sessions in flight per process (issue #29)",
         "",
-        f"{results['machine']}; commit {results['revision']}; `python -m bench.concurrency"
-        f"{' --quick' if results['mode'] == 'quick' else ''}`. Each session: a model turn (1 s), a tool call "
-        f"(0.5 s), a model turn (1 s). {PROCESSES} worker processes on each side, as many slots per process as "
-        "half the sessions. The floor: bare Celery tasks with the same sleeps, chained, on `-P threads`.",
+        f"{machine_['nproc']} CPUs ({machine_['cpu']}), {machine_['memory']}; lousho at {results['revision']}; "
+        f"`python -m bench.concurrency{' --quick' if results['mode'] == 'quick' else ''}`.",
+        "",
+        *section(results),
+    ]) + "\n"  # fmt: skip
+
+
+def section(found: dict[str, Any]) -> list[str]:
+    """The table, for this file's page and `python -m bench`'s."""
+    lines = [
+        f"Each session: a model turn (1 s), a tool call (0.5 s), a model turn (1 s). {found['processes']} worker "
+        "processes on each side, each with as many slots as half the sessions. The floor: bare Celery tasks with the "
+        "same sleeps, chained the same way, on `-P threads`, same broker and settings. Most in flight: counted by "
+        "each process as its tasks start and end. KB per in-flight session: a process's RSS growth over its idle "
+        "RSS, divided by the calls it held then, at its busiest moment.",
         "",
         "| sessions | lousho wall | floor wall | ratio (goal <= 1.0) | lousho most in flight / process "
         "| floor most in flight / process | lousho KB / in-flight session | floor KB / in-flight session "
         "| ratio (goal <= 0.5) | finished (lousho / floor) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in results["rows"]:
+    for row in found["rows"]:
         ours, floor = row["lousho"], row["floor"]
-        memory = (
-            f"{ours['kb_per_session'] / floor['kb_per_session']:.2f}"
-            if ours["kb_per_session"] and floor["kb_per_session"]
-            else "n/a"
-        )
         lines.append(
             f"| {row['sessions']} | {ours['wall_s']:.2f} s | {floor['wall_s']:.2f} s "
             f"| {ours['wall_s'] / floor['wall_s']:.2f} | {ours['most_in_flight']} | {floor['most_in_flight']} "
-            f"| {_kb(ours['kb_per_session'])} | {_kb(floor['kb_per_session'])} | {memory} "
+            f"| {_kb(ours['kb_per_session'])} | {_kb(floor['kb_per_session'])} | {_memory_ratio(row)} "
             f"| {ours['finished']} / {floor['finished']} |"
         )
-    return "\n".join(lines) + "\n"
+    return [*lines, ""]
+
+
+def _memory_ratio(row: dict[str, Any]) -> str:
+    ours, floor = row["lousho"]["kb_per_session"], row["floor"]["kb_per_session"]
+    return f"{ours / floor:.2f}" if ours and floor else "n/a"
 
 
 def _kb(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "n/a"
+
+
+def run(url: str, sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Both sides at each size, the floor first; the section `python -m bench` keeps as "concurrency"."""
+    log_dir = tempfile.mkdtemp(prefix="lousho-bench-")
+    rows: list[dict[str, Any]] = []
+    for sessions in sizes:
+        row: dict[str, Any] = {"sessions": sessions}
+        for side in ("floor", "lousho"):
+            row[side] = measure(url, side, sessions, log_dir)
+            print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
+                  f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
+        rows.append(row)
+    return {"processes": PROCESSES, "rows": rows}
 
 
 def main() -> None:
@@ -205,20 +231,12 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated session counts (default 100,1000,5000)")
     parser.add_argument("--out", default=None)
     options = parser.parse_args()
-    sizes = [int(s) for s in (options.sizes or ("100" if options.quick else "100,1000,5000")).split(",")]
+    sizes = tuple(int(s) for s in (options.sizes or ("100" if options.quick else "100,1000,5000")).split(","))
     out = Path(options.out or (ROOT / "docs" / "bench" / ("quick" if options.quick else "")))
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"mode": "quick" if options.quick else "full", "machine": machine(),
-                               "revision": revision(), "rows": []}  # fmt: skip
     with redis_target() as (url, _where):
-        log_dir = tempfile.mkdtemp(prefix="lousho-bench-")
-        for sessions in sizes:
-            row: dict[str, Any] = {"sessions": sessions}
-            for side in ("floor", "lousho"):
-                row[side] = measure(url, side, sessions, log_dir)
-                print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
-                      f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
-            results["rows"].append(row)
+        section = run(url, sizes)
+    results = {"mode": "quick" if options.quick else "full", "machine": machine(), "revision": revision(), **section}
     (out / "concurrency.json").write_text(json.dumps(results, indent=2))
     (out / "concurrency.md").write_text(markdown(results))
     print(markdown(results))

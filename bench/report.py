@@ -66,6 +66,29 @@ def _latency_goals(latency: dict[str, Any]) -> list[tuple[str, str, bool | None]
     return rows
 
 
+def _concurrency_goals(section: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """Issue #29's goals, at 1,000 sessions and more (smaller runs are shown, not judged)."""
+    rows: list[tuple[str, str, bool | None]] = []
+    for row in section["rows"]:
+        n, ours, floor = row["sessions"], row["lousho"], row["floor"]
+        if n < 1000:
+            continue
+        wall = ours["wall_s"] / floor["wall_s"]
+        rows.append((f"waiting workload, {n} sessions: wall time <= 1.0x the floor's",
+                     f"{ours['wall_s']:.2f} s vs {floor['wall_s']:.2f} s = {wall:.2f}x", wall <= 1.0))  # fmt: skip
+        if ours["kb_per_session"] and floor["kb_per_session"]:
+            memory = ours["kb_per_session"] / floor["kb_per_session"]
+            rows.append((f"waiting workload, {n} sessions: memory per in-flight session <= 0.5x the floor's",
+                         f"{ours['kb_per_session']:.1f} KB vs {floor['kb_per_session']:.1f} KB = {memory:.2f}x",
+                         memory <= 0.5))  # fmt: skip
+        if n >= 5000:
+            rows.append((f"waiting workload, {n} sessions: >= 1,000 calls in flight in one process",
+                         f"{ours['most_in_flight']}", ours["most_in_flight"] >= 1000))  # fmt: skip
+            rows.append((f"waiting workload, {n} sessions: every session finishes",
+                         f"{ours['finished']} of {n}", ours["finished"] == n))  # fmt: skip
+    return rows
+
+
 def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """(goal, what was measured, met?) for each goal whose section ran."""
     rows: list[tuple[str, str, bool | None]] = []
@@ -119,6 +142,8 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             rows.append(
                 (f"{name}: save time flat, step 500 / step 10 <= 1.5x", f"{store['ratio']:.2f}x", store["ratio"] <= 1.5)
             )
+    if ran(results.get("concurrency")):
+        rows += _concurrency_goals(results["concurrency"])
     for row in results["recovery"] if ran(results.get("recovery")) else []:
         # The killed call runs again once the reaper sees its process gone (issue #20): at most 1 s,
         # whatever the lease; the lease + reaper bound is what a stopped (not dead) worker waits.
@@ -134,6 +159,7 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
 
 
 EXPLAINED_BY = (  # (words of a goal, where its time is broken down): the profiles of issue #20
+    ("waiting workload", "[fleet.md](../fleet.md#sizing-a-fleet)"),
     ("overhead", "[inprocess_profile.md](inprocess_profile.md#what-the-profile-showed-and-what-changed)"),
     ("recovery", "section 5 below"),
     ("", "[profile.md](profile.md#what-it-shows)"),  # a fleet hop: latency, throughput, Redis commands
@@ -381,6 +407,16 @@ NOTES = """## Notes on method
   shows a stopped worker under its lease is not taken over."""
 
 
+def concurrency_section(section: dict[str, Any] | None) -> list[str]:
+    from bench.concurrency import section as table
+
+    lines = ["## 6. The waiting workload: many sessions in flight per process (issue #29)", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    assert section is not None
+    return lines + table(section)
+
+
 def _load(meta: dict[str, Any]) -> str:
     """The 1-minute load average at the start and the end: other work on the machine skews the figures."""
     if "load" not in meta:
@@ -409,6 +445,7 @@ def markdown(results: dict[str, Any]) -> str:
         *throughput_section(results.get("throughput")),
         *growth_section(results.get("growth")),
         *recovery_section(results.get("recovery")),
+        *concurrency_section(results.get("concurrency")),
         NOTES,
         "",
         "See also [redis_store.md](redis_store.md) (`python -m bench.redis_store`): RedisStore against a naive Redis "

@@ -128,3 +128,16 @@ def test_the_cluster_bench_writes_its_throughput_reaper_and_repair_tables(tmp_pa
     for header in ("| idle sessions | one Redis | Cluster (16,384 shards) |", "| stored sessions | one Redis | Cluster |"):
         rows = table.split(header, 1)[1].split("\n\n", 1)[0].splitlines()[2:]
         assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 1,000", "| 10,000"], table
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_waiting_workload_bench_runs_both_sides_and_every_session_finishes(tmp_path: Path) -> None:
+    """`python -m bench.concurrency --quick` (issue #29): the table's row, and no session lost on either side."""
+    command = [sys.executable, "-m", "bench.concurrency", "--quick", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    [row] = json.loads((tmp_path / "concurrency.json").read_text())["rows"]
+    assert row["lousho"]["finished"] == row["floor"]["finished"] == 100
+    assert row["lousho"]["most_in_flight"] > 1 and row["floor"]["most_in_flight"] > 1  # counted, both sides
+    assert "| 100 | " in (tmp_path / "concurrency.md").read_text()
