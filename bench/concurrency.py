@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import tempfile
 import threading
 import time
@@ -44,6 +45,18 @@ ENQUEUERS = 8
 def _hash(client: redis.Redis, key: str) -> dict[bytes, bytes]:
     found: dict[bytes, bytes] = client.hgetall(key)  # type: ignore[assignment]
     return found
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_figures(client: redis.Redis) -> tuple[float, int]:
+    """Redis's CPU seconds so far, and the commands it has processed (scripts count as one each)."""
+    info: dict[str, Any] = client.info()  # type: ignore[assignment]
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), int(info["total_commands_processed"])
 
 
 def rss_kb(pid: int) -> int:
@@ -106,6 +119,7 @@ def measure(url: str, side: str, sessions: int, log_dir: str) -> dict[str, Any]:
     try:
         time.sleep(1.0)  # settled: imports done, connections open
         idle = {w.pid: rss_kb(w.pid) for w in workers}
+        cpu_before, (redis_before, commands_before) = sum(cpu_s(w.pid) for w in workers), redis_figures(client)
         send = _sender(url, side, prefix, queue)
         with Sampler(client, f"{prefix}bench:in-flight", workers) as sampler:
             started = time.perf_counter()
@@ -114,11 +128,15 @@ def measure(url: str, side: str, sessions: int, log_dir: str) -> dict[str, Any]:
             enqueued = time.perf_counter() - started
             done = _wait_done(client, f"{prefix}bench:done", sessions)
             wall = time.perf_counter() - started
+        redis_after, commands_after = redis_figures(client)
+        worker_cpu, redis_cpu = sum(cpu_s(w.pid) for w in workers) - cpu_before, redis_after - redis_before
         most = {int(k): int(v) for k, v in _hash(client, f"{prefix}bench:most-in-flight").items()}
         return {
             "sessions": sessions, "wall_s": wall, "enqueue_s": enqueued, "finished": done, "slots": slots,
             "most_in_flight": max(most.values(), default=0), "most_in_flight_by_pid": most,
             "kb_per_session": _kb_per_session(sampler.samples, idle), "idle_rss_kb": idle,
+            "worker_cpu_ms_per_session": 1000 * worker_cpu / sessions, "redis_cpu_ms_per_session": 1000 * redis_cpu / sessions,
+            "redis_commands_per_session": (commands_after - commands_before) / sessions,
         }  # fmt: skip
     finally:
         for worker in workers:

@@ -33,16 +33,18 @@ def test_sessions_finish_with_every_guarantee_when_workers_are_killed(fleet: Fle
     for session, answers in scripts.items():
         fleet.script(session, answers)
     fleet.kill_on("turn-saved:s03:1")  # a worker dies right after saving s03's first model answer
+    # One step per process: a kill then cuts short exactly the step it aims at, so every model turn is asked
+    # once (on lousho's pool a kill cuts short each step of the process, each asked again: test_many_in_flight.py)
     for _ in range(3):
-        fleet.start_worker()
+        fleet.start_worker(pool="solo")
     fleet.start_reaper()
 
     for session in sessions:
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
     victim = fleet.worker_with_pid(fleet.pid_running("s07-slow"))
     victim.kill(signal.SIGKILL)  # and another dies in the middle of a tool call
-    fleet.start_worker()
-    fleet.start_worker()
+    fleet.start_worker(pool="solo")
+    fleet.start_worker(pool="solo")
     fleet.wait_for(sessions, timeout_s=120)
 
     assert_guarantees(fleet, sessions)

@@ -40,9 +40,9 @@ def results(fleet: Fleet, session: str) -> dict[str, Any]:
     return {m.tool_call_id: m.result() for m in checkpoint.messages if m.role == "tool"}
 
 
-def start(fleet: Fleet, sessions: list[str]) -> None:
+def start(fleet: Fleet, sessions: list[str], pool: str | None = None) -> None:
     for _ in range(2):
-        fleet.start_worker()
+        fleet.start_worker(pool=pool)
     fleet.start_reaper()
     for session in sessions:
         fleet.client.enqueue("jobs", f"job {session}", session_id=session)
@@ -114,9 +114,11 @@ def decide_each_way(fleet: Fleet, approvals: dict[str, Any]) -> None:
 def test_ask_pauses_runs_nothing_more_and_each_human_choice_gives_its_transcript(fleet: Fleet) -> None:
     for session in CHOICES:
         killed_mid_call(fleet, session, "mail_ask")
-    start(fleet, list(CHOICES))
-    fleet.start_worker()
-    fleet.start_worker()
+    # One step per process: the kill cuts short only the `mail_ask` call, so `note` runs once (on lousho's pool
+    # the call of `note` beside it in the process would be cut short too, and run again as its policy says)
+    start(fleet, list(CHOICES), pool="solo")
+    fleet.start_worker(pool="solo")
+    fleet.start_worker(pool="solo")
     fleet.wait_for(list(CHOICES), status="awaiting-approval", timeout_s=90)
 
     runs = fleet.counts("runs")

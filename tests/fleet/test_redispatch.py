@@ -68,7 +68,7 @@ def test_requeues_of_a_session_with_queued_calls_send_no_copies(fleet: Fleet) ->
     fleet.env["LOUSHO_TEST_TOOL_CONCURRENCY"] = "3"
     calls = [(f"q-{i}", "work", {"n": i, "sleep_s": 2.0}) for i in range(1, 4)]
     fleet.script("queued", [tool_turn(*calls), Message.assistant("done")])
-    first, second = fleet.start_worker(), fleet.start_worker()
+    first, second = fleet.start_worker(pool="solo"), fleet.start_worker(pool="solo")  # one call each, the third queued
     fleet.client.enqueue("jobs", "go", session_id="queued")
     running = {fleet.pid_running("q-1"), fleet.pid_running("q-2")}
     assert running == {first.pid, second.pid}
@@ -80,7 +80,7 @@ def test_requeues_of_a_session_with_queued_calls_send_no_copies(fleet: Fleet) ->
         time.sleep(0.05)
     fleet.client.resume("queued")
     assert fleet.redis.llen(fleet.queue) == 3
-    fleet.start_worker()
+    fleet.start_worker(pool="solo")
     fleet.wait_for(["queued"], timeout_s=60)
 
     logs = "".join(w.log() for w in fleet.workers)
