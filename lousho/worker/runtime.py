@@ -18,6 +18,7 @@ from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.limits import FleetLimits
 from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
@@ -58,6 +59,8 @@ class FleetRuntime:
     """Called with every event of every run on this worker (logging, metrics)."""
     queue_named: bool = True
     """Whether `settings.queue` was given, not named after the agents by `create_app` (issue #15)."""
+    limits: FleetLimits = field(default_factory=FleetLimits)
+    """Fleet-wide limits: rate limits per model, sessions in flight per agent (issue #29)."""
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_pid: int = 0
     _resolved: dict[str, ResolvedAgent] = field(default_factory=dict)
