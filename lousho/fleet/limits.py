@@ -16,10 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from lousho.errors import ConfigurationError
 from lousho.stores.redis_common import RedisKeys, redis_errors, text
+
+if TYPE_CHECKING:
+    from lousho.stores.redis import RedisStore
 
 __all__ = [
     "FleetLimits",
@@ -27,6 +30,7 @@ __all__ = [
     "RateLimit",
     "SlotUsage",
     "limits_usage",
+    "live_limits_usage",
     "rate_limit_key",
     "rate_waiting_key",
     "session_slots_key",
@@ -196,3 +200,14 @@ def limits_usage(
         for i, agent in enumerate(sorted(slots))
     ]
     return rate_rows, slot_rows
+
+
+def live_limits_usage(store: RedisStore) -> tuple[list[LimitUsage], list[SlotUsage]]:
+    """`limits_usage` of the limits the store's live workers keep (the dashboard's fleet page, the metrics)."""
+    from lousho.fleet.registry import WorkerRegistry  # the registry reads workers; the limits' keys need it not
+
+    registry = WorkerRegistry(store)
+    now_ms = registry.server_time_ms()
+    live = {worker.id for worker in registry.live().workers}
+    entries = {worker_id: entry for worker_id, entry in registry.entries().items() if worker_id in live}
+    return limits_usage(store.client, store.keys, entries, now_ms)

@@ -5,6 +5,7 @@ fake OpenAI server: every model request a worker makes is seen by the test, on t
   sees 3 requests while the 2 other sessions wait, then the rest once the window has moved;
 - an agent's maximum of sessions in flight: with 1, the server sees each session's turns together, never two
   sessions' interleaved, over two workers; every session finishes, and waiting used up no attempt;
+- the dashboard's fleet page and the Prometheus metrics show each limit, its use and the sessions waiting on it;
 - a vendor's 429 with Retry-After is waited out and the same call made again: the turn saved is the 200's
   answer, the server saw the 429s and one successful request for that turn, and the turn's attempt counter
   did not grow, though the 429s outnumber the agent's `RetryPolicy.max_attempts`.
@@ -13,11 +14,13 @@ fake OpenAI server: every model request a worker makes is seen by the test, on t
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
+from lousho.dashboard import create_dashboard
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.limits import LimitUsage, SlotUsage, limits_usage, session_slots_key
 from lousho.fleet.registry import WorkerRegistry
@@ -26,6 +29,14 @@ from lousho.testing.workers import start_worker
 from tests.fleet.conftest import ROOT, Fleet
 
 pytest.importorskip("openai")
+pytest.importorskip("prometheus_client")
+pytest.importorskip("fastapi")
+
+from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lousho.telemetry.metrics import metrics_registry
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +74,21 @@ def _usage(fleet: Fleet) -> tuple[list[LimitUsage], list[SlotUsage]]:
     return limits_usage(fleet.redis, fleet.store.keys, registry.entries(), registry.server_time_ms())
 
 
+def _metrics(fleet: Fleet) -> dict[tuple[str, str], float]:
+    """The limits' gauges a scrape of the store's metrics shows: (name, model or agent) -> value."""
+    scraped = generate_latest(metrics_registry(fleet.store, multiprocess_dir=None)).decode()
+    return {
+        (sample.name, sample.labels.get("model") or sample.labels.get("agent", "")): sample.value
+        for family in text_string_to_metric_families(scraped)
+        for sample in family.samples
+        if sample.name.startswith(("lousho_rate_limit_", "lousho_agent_sessions_"))
+    }
+
+
+def _fleet_page(fleet: Fleet) -> str:
+    return TestClient(create_dashboard(fleet.store, client=fleet.client)).get("/fleet").text
+
+
 def _eventually(what: str, check: Callable[[], bool], fleet: Fleet, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -86,6 +112,14 @@ def test_a_models_rate_limit_holds_across_two_worker_processes(fleet: Fleet, ser
     [rate], _ = _usage(fleet)
     assert (rate.model, rate.requests_per_minute, rate.requests) == ("gpt-limits-test", 3, 3)
     assert len(server.requests) == 3
+    page = _fleet_page(fleet)
+    row = page[page.index('class="rate-limits"') :]
+    assert re.search(r"<td>gpt-limits-test</td><td>3 / 3</td>\s*<td>\d+ / no limit</td><td>3 s</td><td>2</td>", row), row
+    metrics = _metrics(fleet)
+    assert metrics[("lousho_rate_limit_requests", "gpt-limits-test")] == 3
+    assert metrics[("lousho_rate_limit_requests_max", "gpt-limits-test")] == 3
+    assert metrics[("lousho_rate_limit_waiting", "gpt-limits-test")] == 2
+    assert len(server.requests) == 3
 
     fleet.wait_for(sessions)
     assert len(server.requests) == 5  # each turn asked once, the waiting ones after the window moved
@@ -98,6 +132,12 @@ def test_a_models_rate_limit_holds_across_two_worker_processes(fleet: Fleet, ser
 def test_an_agents_sessions_in_flight_never_pass_its_maximum(fleet: Fleet, server: FakeLLMServer) -> None:
     _start_workers(fleet, server, 2, {"max_sessions": 1})
     sessions = [fleet.client.enqueue("greeter", f"two turns {n}", session_id=f"slot-{n}") for n in range(3)]
+
+    def one_in_flight_others_waiting() -> bool:
+        _, [slots] = _usage(fleet)
+        return slots.in_flight == 1 and slots.waiting >= 1
+
+    _eventually("a session in flight and another waiting for a slot", one_in_flight_others_waiting, fleet)
     fleet.wait_for(sessions)
 
     # From the vendor's side: a session's two turns (and its tool call between them) are never interleaved
@@ -112,6 +152,11 @@ def test_an_agents_sessions_in_flight_never_pass_its_maximum(fleet: Fleet, serve
     assert fleet.redis.zcard(session_slots_key(fleet.store.keys, "greeter")) == 0  # every slot came back
     _, [slots] = _usage(fleet)
     assert (slots.agent, slots.max_sessions, slots.in_flight) == ("greeter", 1, 0)
+    metrics = _metrics(fleet)
+    assert metrics[("lousho_agent_sessions_in_flight_max", "greeter")] == 1
+    assert metrics[("lousho_agent_sessions_in_flight", "greeter")] == 0
+    page = _fleet_page(fleet)
+    assert "<td>greeter</td><td>0 / 1</td>" in page[page.index('class="session-limits"') :]
 
 
 def test_a_vendors_429_is_waited_out_and_the_same_call_made_again(fleet: Fleet) -> None:
@@ -123,8 +168,7 @@ def test_a_vendors_429_is_waited_out_and_the_same_call_made_again(fleet: Fleet) 
         session = fleet.client.enqueue("greeter", "charge me 5", session_id="busy-vendor")
         fleet.wait_for([session], status="awaiting-approval")
 
-        statuses = [request.body.get("model") for request in server.requests]
-        assert len(statuses) == 5  # four 429s, then the one request that was answered
+        assert len(server.requests) == 5  # four 429s, then the one request that was answered
         checkpoint = fleet.client.checkpoint(session)
         assert checkpoint is not None
         [asked] = checkpoint.messages[-1].tool_calls  # the saved turn is the 200's answer
