@@ -1,0 +1,126 @@
+"""An agent's maximum of sessions in flight, step by step with `FleetDriver` (issue #29): the real tasks, Lua
+scripts and Redis, each message delivered by the test.
+
+A model turn that finds no slot free stands down without using up an attempt and is sent again; the slot
+comes back when its holder finishes or pauses for approval, and when nothing refreshed it for `slot_ttl_s`
+(the session of a worker that died).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from pydantic import BaseModel
+
+from lousho import Agent, define_tool
+from lousho.fleet.keys import FleetKeys
+from lousho.fleet.limits import FleetLimits, session_slots_key, slot_waiting_key
+from lousho.providers import ScriptedProvider, tool_calls
+from lousho.stores.redis import RedisStore
+from lousho.testing import FleetDriver
+from lousho.testing.fleet import SentTask
+
+
+class Note(BaseModel):
+    text: str
+
+
+class Charge(BaseModel):
+    amount: int
+
+
+booker = Agent(
+    name="booker",
+    model="scripted",
+    tools=[
+        define_tool(name="note", description="Take a note", input=Note, execute=lambda args, ctx: "noted"),
+        define_tool(
+            name="charge", description="Charge", input=Charge, needs_approval=True, execute=lambda args, ctx: "charged"
+        ),
+    ],
+)
+
+
+@pytest.fixture
+def provider() -> ScriptedProvider:
+    return ScriptedProvider(
+        [
+            tool_calls(("n1", "note", {"text": "a"})),  # A, turn 1
+            tool_calls(("c1", "charge", {"amount": 5})),  # A, turn 2: waits for approval
+            tool_calls(("n2", "note", {"text": "b"})),  # B, turn 1
+            "B done.",  # B, turn 2
+            "A done.",  # A, turn 3
+        ]
+    )
+
+
+@pytest.fixture
+def driver(
+    redis_url: str, redis_prefix: str, redis_client: redis.Redis, provider: ScriptedProvider
+) -> Iterator[FleetDriver]:
+    limits = FleetLimits(max_sessions_in_flight={"booker": 1}, slot_ttl_s=0.5)
+    store = RedisStore(redis_client, prefix=redis_prefix)  # the limits' keys are under this test's prefix
+    with FleetDriver(
+        agents=[booker], redis_url=redis_url, store=store, provider=provider, limits=limits
+    ) as fleet_driver:
+        yield fleet_driver
+
+
+def deliver(driver: FleetDriver, task_id: str) -> str:
+    """Deliver the (oldest) pending message of `task_id`."""
+    task: SentTask = next(t for t in driver.pending() if t.task_id == task_id)
+    return driver.deliver(task)
+
+
+def attempts(driver: FleetDriver, session: str) -> dict[bytes, bytes]:
+    return driver.store.client.hgetall(FleetKeys(driver.store).attempts(session))  # type: ignore[return-value]
+
+
+def test_a_turn_waits_for_a_slot_without_an_attempt_and_gets_it_when_the_holder_pauses_or_finishes(
+    driver: FleetDriver, provider: ScriptedProvider
+) -> None:
+    slots = session_slots_key(driver.store.keys, "booker")
+    client = driver.client
+    client.enqueue("booker", "book for A", session_id="A")
+    client.enqueue("booker", "book for B", session_id="B")
+    assert deliver(driver, "A/turn/1") == "tools-dispatched"  # A holds the one slot while its note runs
+    for _ in range(4):  # more than max_attempts (3): waiting is no attempt, B is never parked
+        assert deliver(driver, "B/turn/1") == "waiting-for-slot"
+        assert attempts(driver, "B").get(b"turn:1", b"0") == b"0"
+        assert [t.task_id for t in driver.pending()].count("B/turn/1") == 1  # sent again, once
+    assert driver.store.client.zrange(slots, 0, -1) == [b"A"]
+    assert driver.store.client.zrange(slot_waiting_key(driver.store.keys, "booker"), 0, -1) == [b"B"]
+    assert len(provider.calls) == 1
+
+    assert deliver(driver, "A/turn/1/tool/n1") == "turn-enqueued"
+    assert deliver(driver, "A/turn/2") == "awaiting-approval"  # paused: its slot comes back
+    assert driver.store.client.zcard(slots) == 0
+    assert deliver(driver, "B/turn/1") == "tools-dispatched"  # B's waiting turn goes on
+    [pending] = client.approvals("A")
+    client.resolve_approval(pending.id, approved=True)
+    driver.run_until_idle()  # A's next turn waits while B runs, then takes the slot B's end gave back
+    assert client.status("B").text == "B done." and client.status("A").text == "A done."
+    assert driver.store.client.zcard(slots) == 0
+    assert len(provider.calls) == 5  # each turn asked once
+
+
+def test_a_slot_nothing_refreshes_comes_back_after_its_ttl(driver: FleetDriver) -> None:
+    """A session whose worker died holds its slot until `slot_ttl_s` after its last refresh."""
+    slots = session_slots_key(driver.store.keys, "booker")
+    client = driver.store.client
+
+    def server_ms() -> int:  # Redis's clock, which slots expire by, not this process's
+        seconds, micros = client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    expiry_ms = server_ms() + 500  # as slot_take.lua writes it, with slot_ttl_s=0.5
+    client.zadd(slots, {"dead-workers-session": expiry_ms})
+    driver.client.enqueue("booker", "book for A", session_id="A")
+    assert deliver(driver, "A/turn/1") == "waiting-for-slot"
+    while server_ms() <= expiry_ms:
+        time.sleep(0.05)
+    assert deliver(driver, "A/turn/1") == "tools-dispatched"
+    assert client.zrange(slots, 0, -1) == [b"A"]
