@@ -81,8 +81,7 @@ class SessionSteps:
         self.parent_session_id: str | None = None
         """A sub-agent's session: its parent's, told when the step ends it (`sub_agents.py`)."""
         self.agent_name: str | None = None
-        """The session's agent, once the step read its checkpoint: whose limit of sessions in flight it counts
-        against (issue #29)."""
+        """The session's agent, once read: whose sessions in flight it counts among (issue #29)."""
 
     # -- plumbing ----------------------------------------------------------------------
 

@@ -114,7 +114,9 @@ def test_a_models_rate_limit_holds_across_two_worker_processes(fleet: Fleet, ser
     assert len(server.requests) == 3
     page = _fleet_page(fleet)
     row = page[page.index('class="rate-limits"') :]
-    assert re.search(r"<td>gpt-limits-test</td><td>3 / 3</td>\s*<td>\d+ / no limit</td><td>3 s</td><td>2</td>", row), row
+    assert re.search(r"<td>gpt-limits-test</td><td>3 / 3</td>\s*<td>\d+ / no limit</td><td>3 s</td><td>2</td>", row), (
+        row
+    )
     metrics = _metrics(fleet)
     assert metrics[("lousho_rate_limit_requests", "gpt-limits-test")] == 3
     assert metrics[("lousho_rate_limit_requests_max", "gpt-limits-test")] == 3

@@ -22,6 +22,7 @@ from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.redis import RedisStore
 from lousho.testing import FleetDriver
 from lousho.testing.fleet import SentTask
+from lousho.worker.limits import touch_slot
 
 
 class Note(BaseModel):
@@ -75,6 +76,12 @@ def deliver(driver: FleetDriver, task_id: str) -> str:
     return driver.deliver(task)
 
 
+def server_ms(client: redis.Redis) -> int:
+    """Redis's clock, which slots expire by, not this process's."""
+    seconds, micros = client.time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def attempts(driver: FleetDriver, session: str) -> dict[bytes, bytes]:
     return driver.store.client.hgetall(FleetKeys(driver.store).attempts(session))  # type: ignore[return-value]
 
@@ -111,16 +118,25 @@ def test_a_slot_nothing_refreshes_comes_back_after_its_ttl(driver: FleetDriver) 
     """A session whose worker died holds its slot until `slot_ttl_s` after its last refresh."""
     slots = session_slots_key(driver.store.keys, "booker")
     client = driver.store.client
-
-    def server_ms() -> int:  # Redis's clock, which slots expire by, not this process's
-        seconds, micros = client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    expiry_ms = server_ms() + 500  # as slot_take.lua writes it, with slot_ttl_s=0.5
+    expiry_ms = server_ms(client) + 500  # as slot_take.lua writes it, with slot_ttl_s=0.5
     client.zadd(slots, {"dead-workers-session": expiry_ms})
     driver.client.enqueue("booker", "book for A", session_id="A")
     assert deliver(driver, "A/turn/1") == "waiting-for-slot"
-    while server_ms() <= expiry_ms:
+    while server_ms(client) <= expiry_ms:
         time.sleep(0.05)
     assert deliver(driver, "A/turn/1") == "tools-dispatched"
     assert client.zrange(slots, 0, -1) == [b"A"]
+
+
+def test_a_heartbeat_pushes_the_expiry_of_the_slot_its_session_holds(driver: FleetDriver) -> None:
+    slots = session_slots_key(driver.store.keys, "booker")
+    client = driver.store.client
+    driver.client.enqueue("booker", "book for A", session_id="A")
+    assert deliver(driver, "A/turn/1") == "tools-dispatched"
+    first = client.zscore(slots, "A")
+    assert first is not None
+    while server_ms(client) <= first - 500:  # until Redis's clock has moved on since the slot was taken
+        time.sleep(0.01)
+    touch_slot(driver.worker("w1").lousho_runtime, "A")  # what `heartbeat` does at each beat
+    second = client.zscore(slots, "A")
+    assert second is not None and second > first
