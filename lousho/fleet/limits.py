@@ -95,7 +95,9 @@ class FleetLimits:
             if not isinstance(rate, RateLimit):
                 raise ConfigurationError(f"rate_limits[{model!r}] must be a RateLimit, not {rate!r}")
         if not (self.slot_ttl_s > 0 and self.slot_retry_s > 0 and self.rate_limited_wait_s >= 0):
-            raise ConfigurationError("FleetLimits: slot_ttl_s and slot_retry_s must be more than 0")
+            raise ConfigurationError(
+                "FleetLimits: slot_ttl_s and slot_retry_s must be more than 0, rate_limited_wait_s not below 0"
+            )
 
     @property
     def slot_ttl_ms(self) -> int:

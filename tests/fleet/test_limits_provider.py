@@ -88,3 +88,18 @@ def test_429s_past_rate_limited_wait_s_are_the_agents_retry_policys_again(
         asyncio.run(ask(server, runtime_with(store, rate_limited_wait_s=0.3)))
     assert raised.value.status == 429 and raised.value.retryable
     assert len(server.requests) == 3  # waited 0.2 s, then the 0.1 s left, then gave up
+
+
+def test_limits_that_cannot_be_kept_are_refused_where_they_are_written() -> None:
+    from lousho.errors import ConfigurationError
+
+    for bad in (
+        lambda: RateLimit(requests_per_minute=0),
+        lambda: RateLimit(tokens_per_minute=-5),
+        lambda: RateLimit(requests_per_minute=10, window_s=0),
+        lambda: FleetLimits(max_sessions_in_flight={"booker": 0}),
+        lambda: FleetLimits(rate_limits={MODEL: 500}),  # type: ignore[dict-item]
+        lambda: FleetLimits(slot_retry_s=0),
+    ):
+        with pytest.raises(ConfigurationError):
+            bad()
