@@ -44,7 +44,16 @@ if TYPE_CHECKING:
     from lousho.worker.runtime import FleetRuntime
     from lousho.worker.steps import SessionSteps
 
-__all__ = ["FleetProvider", "estimate_tokens", "fleet_provider", "settle_slot", "take_slot", "touch_slot"]
+__all__ = [
+    "FleetProvider",
+    "estimate_tokens",
+    "fleet_provider",
+    "note_session",
+    "settle_slot",
+    "take_slot",
+    "touch_slot",
+    "wait_for_slot",
+]
 
 log = logging.getLogger("lousho.worker")
 
@@ -54,8 +63,8 @@ SLOT_DONE = frozenset({"finished", "awaiting-approval", "parked", "aborted", "un
 """The outcomes of a step after which its session is not being worked on: its slot comes back."""
 
 _held: OrderedDict[str, str] = OrderedDict()
-"""Session -> the slots key it holds, for the sessions this process took a slot for (or works on): the
-heartbeat of their work refreshes it. Bounded: an entry of a session gone elsewhere only costs a no-op."""
+"""Session -> its agent's slots key, for the sessions this process works on (`note_session`) or took a slot for:
+the heartbeats of their work refresh the slot. Bounded: an entry of a session gone elsewhere costs a no-op."""
 _HELD_MAX = 10_000
 
 
@@ -204,11 +213,23 @@ def take_slot(steps: SessionSteps) -> bool:
         args: list[str | int] = [limit, steps.session_id, runtime.limits.slot_ttl_ms, waiting_ms]
         taken = bool(_script(client, "slot_take")(keys=[key, waiting], args=args))
     if taken:
-        _held[steps.session_id] = key
-        _held.move_to_end(steps.session_id)
-        while len(_held) > _HELD_MAX:
-            _held.popitem(last=False)
+        _remember(steps.session_id, key)
     return taken
+
+
+def _remember(session_id: str, key: str) -> None:
+    _held[session_id] = key
+    _held.move_to_end(session_id)
+    while len(_held) > _HELD_MAX:
+        _held.popitem(last=False)
+
+
+def note_session(steps: SessionSteps) -> None:
+    """This process works on the session now (a model turn, a tool call): its heartbeats refresh the session's
+    slot, if it holds one (`touch_slot` never takes one)."""
+    slots = _slots_of(steps)
+    if slots is not None:
+        _remember(steps.session_id, slots[1])
 
 
 def wait_for_slot(steps: SessionSteps, turn: int, counted: bool) -> str:

@@ -50,7 +50,7 @@ from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import commit_abort_results, is_marked_interrupted
 from lousho.worker.leases import Lease
-from lousho.worker.limits import fleet_provider, settle_slot, take_slot, wait_for_slot
+from lousho.worker.limits import fleet_provider, note_session, settle_slot, take_slot, wait_for_slot
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Begun, turn_results
@@ -91,6 +91,7 @@ class SessionSteps:
     async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
         agent, provider = self.runtime.agent(checkpoint.agent_name)
         self.agent_name = agent.name
+        note_session(self)  # this step's heartbeats refresh the session's slot (issue #29)
         fenced = self.step_end.fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),

@@ -8,8 +8,11 @@ comes back when its holder finishes or pauses for approval, and when nothing ref
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -22,6 +25,8 @@ from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.redis import RedisStore
 from lousho.testing import FleetDriver
 from lousho.testing.fleet import SentTask
+from lousho.worker import FleetSettings
+from lousho.worker import limits as limits_module
 from lousho.worker.limits import touch_slot
 
 
@@ -140,3 +145,45 @@ def test_a_heartbeat_pushes_the_expiry_of_the_slot_its_session_holds(driver: Fle
     touch_slot(driver.worker("w1").lousho_runtime, "A")  # what `heartbeat` does at each beat
     second = client.zscore(slots, "A")
     assert second is not None and second > first
+
+
+def test_a_long_tool_call_on_another_process_keeps_its_sessions_slot(
+    redis_url: str, redis_prefix: str, redis_client: redis.Redis
+) -> None:
+    """The slot outlives `slot_ttl_s` while the session's tool call runs: each heartbeat of the call refreshes it,
+    though its process never took the slot; so a waiting session does not take it from under the run."""
+    release = threading.Event()
+
+    async def slow_note(args: Note, ctx: object) -> str:
+        await asyncio.to_thread(release.wait, 30)  # the worker's event loop goes on beating meanwhile
+        return "noted"
+
+    agent = Agent(
+        name="booker",
+        model="scripted",
+        tools=[define_tool(name="note", description="Take a note", input=Note, execute=slow_note)],
+    )
+    provider = ScriptedProvider([tool_calls(("n1", "note", {"text": "a"})), "A done.", "B done."])
+    limits = FleetLimits(max_sessions_in_flight={"booker": 1}, slot_ttl_s=0.5)
+    settings = FleetSettings(lease_ttl_s=0.3)  # a heartbeat every 0.1 s
+    store = RedisStore(redis_client, prefix=redis_prefix)
+    with FleetDriver(
+        agents=[agent], redis_url=redis_url, store=store, provider=provider, limits=limits, settings=settings
+    ) as driver:
+        slots = session_slots_key(driver.store.keys, "booker")
+        driver.client.enqueue("booker", "book for A", session_id="A")
+        driver.client.enqueue("booker", "book for B", session_id="B")
+        assert deliver(driver, "A/turn/1") == "tools-dispatched"
+        taken_expiry = redis_client.zscore(slots, "A")
+        assert taken_expiry is not None
+        limits_module._held.clear()  # as on another process, which never took A's slot
+        call = next(t for t in driver.pending() if t.task_id == "A/turn/1/tool/n1")
+        with ThreadPoolExecutor(1) as pool:
+            running = pool.submit(driver.deliver, call, worker="w2")
+            while server_ms(redis_client) <= taken_expiry + 200:  # past the slot's first expiry, the call still runs
+                time.sleep(0.02)
+            assert deliver(driver, "B/turn/1") == "waiting-for-slot"
+            release.set()
+            assert running.result(timeout=30) == "turn-enqueued"
+        driver.run_until_idle()
+        assert driver.client.status("A").text == "A done." and driver.client.status("B").text == "B done."
