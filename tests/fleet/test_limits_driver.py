@@ -19,9 +19,11 @@ import redis
 from pydantic import BaseModel
 
 from lousho import Agent, define_tool
+from lousho.errors import ProviderError
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.limits import FleetLimits, session_slots_key, slot_waiting_key
 from lousho.providers import ScriptedProvider, tool_calls
+from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.redis import RedisStore
 from lousho.testing import FleetDriver
 from lousho.testing.fleet import SentTask
@@ -187,3 +189,26 @@ def test_a_long_tool_call_on_another_process_keeps_its_sessions_slot(
             assert running.result(timeout=30) == "turn-enqueued"
         driver.run_until_idle()
         assert driver.client.status("A").text == "A done." and driver.client.status("B").text == "B done."
+
+
+class Refusing:
+    """A vendor that refuses every request (a retry cannot help)."""
+
+    async def generate(self, request: ModelRequest) -> ModelResponse:
+        raise ProviderError("HTTP 400: refused", retryable=False, status=400)
+
+
+def test_a_session_whose_turn_fails_or_parks_gives_its_slot_back(
+    redis_url: str, redis_prefix: str, redis_client: redis.Redis
+) -> None:
+    limits = FleetLimits(max_sessions_in_flight={"booker": 1})
+    store = RedisStore(redis_client, prefix=redis_prefix)
+    with FleetDriver(agents=[booker], redis_url=redis_url, store=store, provider=Refusing(), limits=limits) as driver:
+        slots = session_slots_key(driver.store.keys, "booker")
+        driver.client.enqueue("booker", "book for A", session_id="A")
+        [turn] = driver.pending()
+        for _ in range(3):  # failed: the reaper would send it again; meanwhile its slot is free
+            assert driver.deliver(turn).startswith("error:")
+            assert redis_client.zcard(slots) == 0
+        assert driver.deliver(turn) == "parked"  # a fourth start: poison (max_attempts 3)
+        assert redis_client.zcard(slots) == 0
