@@ -34,6 +34,7 @@ __all__ = [
     "rate_limit_key",
     "rate_waiting_key",
     "session_slots_key",
+    "slot_queue_key",
     "slot_waiting_key",
 ]
 
@@ -74,7 +75,8 @@ class FleetLimits:
     (on its event loop) while the window is full; the real usage corrects the count after the answer.
     `max_sessions_in_flight`: agent name -> at most that many of its sessions worked on at once, fleet-wide.
     A session takes a slot at a model turn and keeps it until it finishes, pauses for approval, parks, is
-    aborted or fails; a model turn that finds none free is sent again after `slot_retry_s`.
+    aborted or fails; a model turn that finds none free is sent again after `slot_retry_s`, and free slots go to
+    waiting sessions in the order they first waited.
     `slot_ttl_s`: a slot not refreshed for that long (a model turn refreshes it, and every heartbeat of
     its session's work) comes back: a dead worker's session does not hold it for ever.
     `rate_limited_wait_s`: how long, in all, one model turn waits out a vendor's 429 answers before the
@@ -134,6 +136,11 @@ def session_slots_key(keys: RedisKeys, agent: str) -> str:
 def slot_waiting_key(keys: RedisKeys, agent: str) -> str:
     """Sorted set of `agent`'s sessions whose model turn waits for a slot -> until when that counts (server ms)."""
     return session_slots_key(keys, agent) + ":waiting"
+
+
+def slot_queue_key(keys: RedisKeys, agent: str) -> str:
+    """Sorted set of `agent`'s waiting sessions -> when each first waited (server ms): free slots go in that order."""
+    return session_slots_key(keys, agent) + ":queue"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from lousho.fleet.limits import (
     rate_limit_key,
     rate_waiting_key,
     session_slots_key,
+    slot_queue_key,
     slot_waiting_key,
 )
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, StreamingProvider
@@ -208,10 +209,11 @@ def take_slot(steps: SessionSteps) -> bool:
     limit, key = slots
     runtime, client = steps.runtime, steps.runtime.store.client
     waiting_ms = round(runtime.limits.slot_retry_s * 1000) + runtime.settings.lease_ttl_ms + WAITING_MARGIN_MS
-    waiting = slot_waiting_key(runtime.store.keys, steps.agent_name or "")
-    with redis_errors(client, f"take a slot of agent {steps.agent_name!r} for session {steps.session_id!r}"):
+    agent = steps.agent_name or ""
+    keys = [key, slot_waiting_key(runtime.store.keys, agent), slot_queue_key(runtime.store.keys, agent)]
+    with redis_errors(client, f"take a slot of agent {agent!r} for session {steps.session_id!r}"):
         args: list[str | int] = [limit, steps.session_id, runtime.limits.slot_ttl_ms, waiting_ms]
-        taken = bool(_script(client, "slot_take")(keys=[key, waiting], args=args))
+        taken = bool(_script(client, "slot_take")(keys=keys, args=args))
     if taken:
         _remember(steps.session_id, key)
     return taken
@@ -256,10 +258,13 @@ def settle_slot(steps: SessionSteps, outcome: str | None) -> None:
     _held.pop(steps.session_id, None)
     if slots is None:
         return
-    client = steps.runtime.store.client
+    client, keys, agent = steps.runtime.store.client, steps.runtime.store.keys, steps.agent_name or ""
     try:
         with redis_errors(client, f"give back the slot of session {steps.session_id!r}"):
-            client.zrem(slots[1], steps.session_id)
+            pipe = client.pipeline(transaction=False)  # one hash tag: one slot on a Cluster too
+            for key in (slots[1], slot_waiting_key(keys, agent), slot_queue_key(keys, agent)):
+                pipe.zrem(key, steps.session_id)  # a waiter aborted or parked leaves the queue too
+            pipe.execute()
     except StoreUnavailableError as exc:  # it expires by itself, `slot_ttl_s` after its last refresh
         log.warning("%s", exc)
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from lousho import Agent, define_tool
 from lousho.errors import ProviderError
 from lousho.fleet.keys import FleetKeys
-from lousho.fleet.limits import FleetLimits, session_slots_key, slot_waiting_key
+from lousho.fleet.limits import FleetLimits, session_slots_key, slot_queue_key, slot_waiting_key
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.redis import RedisStore
@@ -212,3 +212,24 @@ def test_a_session_whose_turn_fails_or_parks_gives_its_slot_back(
             assert redis_client.zcard(slots) == 0
         assert driver.deliver(turn) == "parked"  # a fourth start: poison (max_attempts 3)
         assert redis_client.zcard(slots) == 0
+
+
+def test_free_slots_go_to_waiting_sessions_in_the_order_they_first_waited(
+    redis_url: str, redis_prefix: str, redis_client: redis.Redis
+) -> None:
+    provider = ScriptedProvider(["A done.", "B done.", "C done."])
+    limits = FleetLimits(max_sessions_in_flight={"booker": 1})
+    store = RedisStore(redis_client, prefix=redis_prefix)
+    with FleetDriver(agents=[booker], redis_url=redis_url, store=store, provider=provider, limits=limits) as driver:
+        slots = session_slots_key(driver.store.keys, "booker")
+        redis_client.zadd(slots, {"A": server_ms(redis_client) + 60_000})  # A holds the one slot
+        for session in ("B", "C"):
+            driver.client.enqueue("booker", f"book for {session}", session_id=session)
+            assert deliver(driver, f"{session}/turn/1") == "waiting-for-slot"
+        assert deliver(driver, "C/turn/1") == "waiting-for-slot"  # B waits ahead of C
+        redis_client.zrem(slots, "A")  # A is done
+        assert deliver(driver, "C/turn/1") == "waiting-for-slot"  # C may not take B's turn
+        assert deliver(driver, "B/turn/1") == "finished"
+        assert deliver(driver, "C/turn/1") == "finished"
+        assert driver.client.status("B").text == "A done."  # the provider's first answer went to B
+        assert [redis_client.zcard(k) for k in (slots, slot_queue_key(driver.store.keys, "booker"))] == [0, 0]

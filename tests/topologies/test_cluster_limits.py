@@ -21,6 +21,7 @@ from lousho.fleet.limits import (
     rate_limit_key,
     rate_waiting_key,
     session_slots_key,
+    slot_queue_key,
     slot_waiting_key,
 )
 from lousho.providers.base import ModelRequest, ModelResponse
@@ -62,6 +63,7 @@ def test_each_limit_lives_in_one_slot_and_its_scripts_run_on_a_cluster(cluster: 
     for model in ("gpt-4o-mini", "claude-sonnet-4-5", "meta/llama {3}"):
         assert key_slot(rate_limit_key(keys, model)) == key_slot(rate_waiting_key(keys, model))
     assert key_slot(session_slots_key(keys, "booker")) == key_slot(slot_waiting_key(keys, "booker"))
+    assert key_slot(session_slots_key(keys, "booker")) == key_slot(slot_queue_key(keys, "booker"))
     assert len({key_slot(rate_limit_key(keys, m)) for m in ("a", "b", "c", "d", "e", "f")}) > 1  # spread out
 
     limits = FleetLimits(
@@ -82,4 +84,5 @@ def test_each_limit_lives_in_one_slot_and_its_scripts_run_on_a_cluster(cluster: 
     [rate], [slots] = limits_usage(store.client, keys, entries, runtime.inflight.server_time_ms())
     assert (rate.requests, slots.in_flight, slots.waiting) == (2, 1, 1)  # the 429's request counts too
     settle_slot(steps, "finished")
-    assert take_slot(other)
+    assert take_slot(other)  # s2, first in the queue
+    settle_slot(other, "aborted")
