@@ -22,6 +22,7 @@ import functools
 import json
 import logging
 import math
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -67,6 +68,8 @@ _held: OrderedDict[str, str] = OrderedDict()
 """Session -> its agent's slots key, for the sessions this process works on (`note_session`) or took a slot for:
 the heartbeats of their work refresh the slot. Bounded: an entry of a session gone elsewhere costs a no-op."""
 _HELD_MAX = 10_000
+_held_lock = threading.Lock()
+"""A worker process may run tasks on several threads (`-P threads`, the lead's pool of issue #29)."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -220,10 +223,11 @@ def take_slot(steps: SessionSteps) -> bool:
 
 
 def _remember(session_id: str, key: str) -> None:
-    _held[session_id] = key
-    _held.move_to_end(session_id)
-    while len(_held) > _HELD_MAX:
-        _held.popitem(last=False)
+    with _held_lock:
+        _held[session_id] = key
+        _held.move_to_end(session_id)
+        while len(_held) > _HELD_MAX:
+            _held.popitem(last=False)
 
 
 def note_session(steps: SessionSteps) -> None:
@@ -255,7 +259,8 @@ def settle_slot(steps: SessionSteps, outcome: str | None) -> None:
     if outcome is not None and outcome not in SLOT_DONE:
         return
     slots = _slots_of(steps)
-    _held.pop(steps.session_id, None)
+    with _held_lock:
+        _held.pop(steps.session_id, None)
     if slots is None:
         return
     client, keys, agent = steps.runtime.store.client, steps.runtime.store.keys, steps.agent_name or ""
