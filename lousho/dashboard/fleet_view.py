@@ -1,5 +1,6 @@
 """The fleet page's data: live workers, queue depths, in-flight sessions and their leases, running calls,
-parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19).
+parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19); the fleet-wide limits
+the live workers keep, with what each uses now and how many sessions wait on it (issue #29).
 
 The reaper's requeues, lease takeovers and poison results are the fleet-wide counts of the metrics' counters
 (`lousho.telemetry.counters`, when present); each session's pending-requeue mark (`FleetKeys.requeued`) is
@@ -14,6 +15,7 @@ from typing import Any, cast
 from lousho.dashboard.views import DashboardContext
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.limits import LimitUsage, SlotUsage, live_limits_usage
 from lousho.fleet.registry import LiveWorker, WorkerRegistry
 from lousho.stores.redis_common import redis_errors, text
 
@@ -54,6 +56,10 @@ class FleetView:
     parked: dict[str, str]
     events: dict[str, int] | None
     """Fleet-wide counts (reaper requeues, lease takeovers, poison results); None where none are kept."""
+    rate_limits: list[LimitUsage]
+    """Each model's rate limit the live workers keep, with its current window's use (issue #29)."""
+    session_limits: list[SlotUsage]
+    """Each agent's maximum of sessions in flight the live workers keep, with the slots held (issue #29)."""
 
 
 def fleet_view(ctx: DashboardContext) -> FleetView | None:
@@ -64,6 +70,7 @@ def fleet_view(ctx: DashboardContext) -> FleetView | None:
     registry = WorkerRegistry(store)
     workers = registry.live().workers
     now_ms = registry.server_time_ms()
+    rate_limits, session_limits = live_limits_usage(store)
     queues = sorted({queue for worker in workers for queue in worker.queues})
     if ctx.client is not None and ctx.client.settings.queue:
         queues = sorted({*queues, ctx.client.settings.queue})
@@ -74,6 +81,8 @@ def fleet_view(ctx: DashboardContext) -> FleetView | None:
         running=_running(store, now_ms),
         parked=ctx.parked_reasons(),
         events=_event_counts(store),
+        rate_limits=rate_limits,
+        session_limits=session_limits,
     )
 
 

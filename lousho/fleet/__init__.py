@@ -18,6 +18,7 @@ from lousho.fleet.dispatch import (
     turn_number,
 )
 from lousho.fleet.keys import FleetKeys, new_epoch, result_field
+from lousho.fleet.limits import FleetLimits, RateLimit
 from lousho.fleet.settings import (
     TASK_ADVANCE,
     TASK_MODEL_TURN,
@@ -34,7 +35,9 @@ __all__ = [
     "TASK_REAP",
     "TASK_TOOL_CALL",
     "FleetKeys",
+    "FleetLimits",
     "FleetSettings",
+    "RateLimit",
     "StepTask",
     "advance_task",
     "broker_url",

@@ -70,8 +70,9 @@ def advance_task(session_id: str, reason: str) -> StepTask:
     )
 
 
-def send(app: Any, task: StepTask, queue: str | None = None) -> None:
-    """Send `task` through Celery to `queue` (default: the app's; a `Client` routes by agent, issue #15)."""
+def send(app: Any, task: StepTask, queue: str | None = None, *, countdown_s: float | None = None) -> None:
+    """Send `task` through Celery to `queue` (default: the app's; a `Client` routes by agent, issue #15);
+    `countdown_s`: not to run before then (a model turn waiting for a slot of its agent, issue #29)."""
     app.send_task(
         task.name,
         args=task.args,
@@ -79,6 +80,7 @@ def send(app: Any, task: StepTask, queue: str | None = None) -> None:
         queue=queue or app.conf.task_default_queue,
         shadow=task.shadow,
         argsrepr=task.argsrepr,
+        **({"countdown": countdown_s} if countdown_s else {}),
     )
 
 

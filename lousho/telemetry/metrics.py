@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from lousho.errors import ConfigurationError
+from lousho.fleet.limits import live_limits_usage
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 from lousho.stores.redis_records import status_of
@@ -143,6 +144,42 @@ class StoreCollector:
         }
         for name, value in FleetCounters.of(store).read().items():
             yield CounterMetricFamily(f"lousho_{name}", helps[name], value=value)
+        yield from _limits(store)
+
+
+def _limits(store: RedisStore) -> Iterator[Metric]:
+    """The fleet-wide limits the live workers keep, as configured and as used now (issue #29)."""
+    rates, slots = live_limits_usage(store)
+    gauges = {
+        name: GaugeMetricFamily(f"lousho_rate_limit_{name}", help, labels=["model"])
+        for name, help in (
+            ("requests", "Requests made to the model in its rate limit's current window, fleet-wide"),
+            ("requests_max", "The model's rate limit: requests per window (0: none)"),
+            ("tokens", "Tokens counted against the model's rate limit in its current window, fleet-wide"),
+            ("tokens_max", "The model's rate limit: tokens per window (0: none)"),
+            ("window_seconds", "The model's rate limit window"),
+            ("waiting", "Sessions whose model turn waits on the model's rate limit"),
+        )
+    }
+    for rate in rates:
+        values = (rate.requests, rate.requests_per_minute or 0, rate.tokens, rate.tokens_per_minute or 0)
+        for name, value in zip(("requests", "requests_max", "tokens", "tokens_max"), values, strict=True):
+            gauges[name].add_metric([rate.model], value)
+        gauges["window_seconds"].add_metric([rate.model], rate.window_s)
+        gauges["waiting"].add_metric([rate.model], rate.waiting)
+    yield from gauges.values()
+    held = GaugeMetricFamily("lousho_agent_sessions_in_flight", "An agent's sessions holding a slot", labels=["agent"])
+    most = GaugeMetricFamily(
+        "lousho_agent_sessions_in_flight_max", "An agent's maximum of sessions in flight", labels=["agent"]
+    )
+    waiting = GaugeMetricFamily(
+        "lousho_agent_sessions_waiting", "An agent's sessions waiting for a slot", labels=["agent"]
+    )
+    for slot in slots:
+        held.add_metric([slot.agent], slot.in_flight)
+        most.add_metric([slot.agent], slot.max_sessions)
+        waiting.add_metric([slot.agent], slot.waiting)
+    yield from (held, most, waiting)
 
 
 def _redis_statuses(store: RedisStore) -> dict[str, int]:

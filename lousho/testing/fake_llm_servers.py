@@ -28,7 +28,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -180,13 +180,14 @@ class _Handler(BaseHTTPRequestHandler):
             body = {"__raw__": raw.decode("utf-8", "replace")}
         api = PATHS.get(path)
         owner = self.server.owner
-        owner._record(  # noqa: SLF001 -- the handler is this module's own
-            RecordedRequest(api=api, path=path, body=body, headers={k.lower(): v for k, v in self.headers.items()})
+        request = RecordedRequest(
+            api=api, path=path, body=body, headers={k.lower(): v for k, v in self.headers.items()}
         )
+        owner._record(request)  # noqa: SLF001 -- the handler is this module's own
         if api is None:
             self._json(404, {"error": {"message": f"unknown path {path}", "type": "not_found_error"}})
             return
-        turn = owner._next_turn()  # noqa: SLF001 -- the handler is this module's own
+        turn = owner._next_turn(request)  # noqa: SLF001 -- the handler is this module's own
         if turn is None:
             self._error(api, 400, f"the fake server's script has no answer for request {len(owner.requests)}")
             return
@@ -368,8 +369,18 @@ class FakeLLMServer:
     in order; `add()` appends turns to the script while it runs.
     """
 
-    def __init__(self, script: Iterable[Turn | str] = (), *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        script: Iterable[Turn | str] = (),
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        respond: Callable[[RecordedRequest], Turn | str] | None = None,
+    ) -> None:
+        """`respond`, when given, answers each request instead of the script, from the request itself: many
+        sessions asking at once, in any order (issue #29)."""
         self._script: list[Turn] = [reply(t) if isinstance(t, str) else t for t in script]
+        self._respond = respond
         self._lock = threading.Lock()
         self._requests: list[RecordedRequest] = []
         self._answered = 0
@@ -450,7 +461,10 @@ class FakeLLMServer:
         with self._lock:
             self._requests.append(request)
 
-    def _next_turn(self) -> Turn | None:
+    def _next_turn(self, request: RecordedRequest) -> Turn | None:
+        if self._respond is not None:
+            answer = self._respond(request)
+            return reply(answer) if isinstance(answer, str) else answer
         with self._lock:
             if self._answered >= len(self._script):
                 return None

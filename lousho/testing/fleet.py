@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lousho.errors import ConfigurationError
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.limits import FleetLimits
 from lousho.fleet.settings import FleetSettings, broker_url
 from lousho.providers.base import LLMProvider
 from lousho.scheduler.client import Client
@@ -115,7 +116,7 @@ class _Worker:
 class FleetDriver:
     """The fleet's steps in this process, on a real Redis, with the broker hop in the test's hands.
 
-    `agents`, `provider`, `settings` and `on_event` are what `create_app` takes; `store` defaults to
+    `agents`, `provider`, `settings`, `on_event` and `limits` are what `create_app` takes; `store` defaults to
     `RedisStore(redis_url)` (pass one for its prefix and options). The queue is the driver's own
     (`settings.queue` is replaced by a fresh name), so no real worker takes its messages; its workers publish that
     they serve the agents there, so `client.enqueue` finds them served (issue #15).
@@ -130,6 +131,7 @@ class FleetDriver:
         provider: LLMProvider | None = None,
         settings: FleetSettings | None = None,
         on_event: Any = None,
+        limits: FleetLimits | None = None,
         timeout_s: float = 30.0,
     ) -> None:
         self.store = store or RedisStore(redis_url)
@@ -138,6 +140,7 @@ class FleetDriver:
         self.timeout_s = timeout_s
         self._broker = broker_url(redis_url)
         self._app_options: dict[str, Any] = {"agents": agents, "provider": provider, "on_event": on_event}
+        self._app_options["limits"] = limits  # a model turn waiting for a slot is sent again (issue #29)
         self._workers: dict[str, _Worker] = {}
         self._sent: list[SentTask] = []
         self._seen: set[str] = set()

@@ -18,6 +18,7 @@ from typing import Any
 
 from celery import Celery
 
+from lousho.fleet.limits import FleetLimits
 from lousho.fleet.registry import app_queue
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.providers.base import LLMProvider
@@ -41,6 +42,7 @@ def create_app(
     settings: FleetSettings | None = None,
     name: str = "lousho",
     on_event: Any = None,
+    limits: FleetLimits | None = None,
     **celery_settings: Any,
 ) -> Celery:
     """A configured Celery app serving `agents` (Agent definitions or `create_agent()` objects).
@@ -53,6 +55,7 @@ def create_app(
     Its queue is `settings.queue`, else one named after its agents (`<prefix>queue:<agent>[+<agent>...]`), which
     `celery worker` consumes when given no `-Q`. Its workers publish which agents they serve on which
     queues (`lousho.worker.registry`), so a `Client` refuses a job no live worker serves (issue #15).
+    `limits`: rate limits per model and sessions in flight per agent, kept by the whole fleet (issue #29).
     """
     settings = settings or FleetSettings()
     # A session with no save or heartbeat for a lease's time may have lost its worker.
@@ -61,6 +64,7 @@ def create_app(
         store = store.with_replica_ack(settings.min_replicas_acked, settings.replica_ack_timeout_ms)
     runtime = FleetRuntime.build(agents, store, settings, provider)
     runtime.on_event = on_event
+    runtime.limits = limits or FleetLimits()  # rate limits and sessions in flight, fleet-wide (issue #29)
     if settings.queue is None:  # the app's own queue, named after its agents (issue #15)
         runtime.settings = settings = dataclasses.replace(settings, queue=app_queue(store.prefix, runtime.agents))
         runtime.queue_named = False

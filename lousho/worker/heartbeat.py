@@ -12,6 +12,7 @@ from lousho.abort import AbortSignal
 from lousho.errors import StoreUnavailableError
 from lousho.stores.redis_common import redis_errors
 from lousho.worker.leases import Lease
+from lousho.worker.limits import touch_slot
 from lousho.worker.runtime import FleetRuntime
 
 __all__ = ["heartbeat"]
@@ -29,6 +30,7 @@ def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSig
             log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
             return
         runtime.inflight.touch(session_id)
+        touch_slot(runtime, session_id)  # the session's slot among its agent's in flight (issue #29)
         if entry is not None:  # a tool call's run: still alive (worker/running.py)
             with redis_errors(runtime.store.client, "update the fleet's running index"):
                 now_ms = runtime.inflight.server_time_ms()

@@ -36,6 +36,7 @@ class Presence:
         self.registry = WorkerRegistry(runtime.store)
         self.queues = sorted(set(queues))
         self.agents = sorted(runtime.agents)
+        self.limits = runtime.limits.describe()
         self.worker_id = worker_id or this_process()
         self.interval_s = runtime.settings.heartbeat_s
         self.ttl_ms = runtime.settings.lease_ttl_ms
@@ -47,6 +48,8 @@ class Presence:
         registry = self.registry
         now_ms = registry.server_time_ms()
         entry = {"queues": self.queues, "agents": self.agents, "expires_ms": now_ms + self.ttl_ms}
+        if self.limits["rate"] or self.limits["sessions"]:  # what the dashboard shows of the limits (issue #29)
+            entry["limits"] = self.limits
         expired = [w for w, e in registry.entries().items() if w != self.worker_id and not _live(e, now_ms)]
         with redis_errors(registry.store.client, "publish this worker's agents"):
             registry.store.client.hset(registry.key_of(self.worker_id), self.worker_id, json.dumps(entry))

@@ -22,6 +22,7 @@ from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
+from lousho.fleet.limits import FleetLimits
 from lousho.fleet.settings import FleetSettings
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
@@ -63,6 +64,8 @@ class FleetRuntime:
     """Called with every event of every run on this worker (logging, metrics)."""
     queue_named: bool = True
     """Whether `settings.queue` was given, not named after the agents by `create_app` (issue #15)."""
+    limits: FleetLimits = field(default_factory=FleetLimits)
+    """Fleet-wide limits: rate limits per model, sessions in flight per agent (issue #29)."""
     _loops: threading.local = field(default_factory=threading.local)
     """This thread's event loop, on Celery's pools (`run`)."""
     _made: list[asyncio.AbstractEventLoop] = field(default_factory=list)

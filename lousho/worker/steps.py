@@ -50,6 +50,7 @@ from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import commit_abort_results, is_marked_interrupted
 from lousho.worker.leases import Lease
+from lousho.worker.limits import fleet_provider, note_session, settle_slot, take_slot, wait_for_slot
 from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.scripts import Begun, turn_results
@@ -79,6 +80,8 @@ class SessionSteps:
         """What the step's end must do (`ending.py`)."""
         self.parent_session_id: str | None = None
         """A sub-agent's session: its parent's, told when the step ends it (`sub_agents.py`)."""
+        self.agent_name: str | None = None
+        """The session's agent, once read: whose sessions in flight it counts among (issue #29)."""
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -87,10 +90,12 @@ class SessionSteps:
 
     async def make_run(self, checkpoint: Checkpoint, lease: Lease) -> Run:
         agent, provider = self.runtime.agent(checkpoint.agent_name)
+        self.agent_name = agent.name
+        note_session(self)  # this step's heartbeats refresh the session's slot (issue #29)
         fenced = self.step_end.fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),
-            provider=provider,
+            provider=fleet_provider(self.runtime, provider, self.session_id),  # fleet-wide rate limits (issue #29)
             session_id=self.session_id,
             checkpoint_store=fenced,
             approval_store=self.runtime.store.approvals,
@@ -122,6 +127,7 @@ class SessionSteps:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
         if self.scripts.park(self.session_id, self.epoch, reason):
             log.error("parked session %s: %s", self.session_id, reason)
+        settle_slot(self, "parked")
 
     # -- advance -----------------------------------------------------------------------
 
@@ -143,9 +149,11 @@ class SessionSteps:
                 outcome = await self._advance_locked(lease, begun, expected_turn)
         except BaseException:
             self.step_end.forget()
+            settle_slot(self, None)  # failed: the reaper sends it again, and it takes a slot again (issue #29)
             raise
         finally:
             self.step_end.finish(lease)
+        settle_slot(self, outcome)
         tell_parent(self, outcome)
         return outcome
 
@@ -185,6 +193,8 @@ class SessionSteps:
                 if expected_turn is not None and turn != expected_turn:
                     return "stale"
                 counted = turn == expected_turn  # the start was counted as the lease was taken
+                if not take_slot(self):  # the agent's sessions in flight are at their maximum (issue #29)
+                    return wait_for_slot(self, turn, counted)
                 if not lease.fresh() and not lease.extend():
                     # Paused (or partitioned) past the lease: another worker may have recorded this
                     # turn already; asking the model now would only cost a generation never saved.
@@ -277,6 +287,7 @@ class SessionSteps:
             raise
         finally:
             self.step_end.finish(lease)
+        settle_slot(self, outcome)
         tell_parent(self, outcome)
         return outcome
 
