@@ -1,6 +1,6 @@
 """`lousho worker`: Celery worker processes, one per core by default, each with many slots (issue #29).
 
-lousho's pool (`pool.py`) holds a process's steps on one event loop: one core's worth. So `lousho worker`
+lousho's pool (`pool.py`) holds a process's steps on its event loops, one core's worth (one GIL). So `lousho worker`
 with no flags starts one `celery worker` per core, each with `DEFAULT_SLOTS` slots, and watches them as
 Celery's prefork parent watches its children: SIGTERM / SIGINT / SIGQUIT go to every process (a warm
 shutdown on SIGTERM, as Kubernetes sends), and a process that dies while the worker runs (SIGKILL, the OOM
@@ -51,7 +51,9 @@ def run_worker_processes(command: list[str], env: dict[str, str], processes: int
     stopping: list[int] = []
 
     def start(index: int) -> None:
-        children[index] = subprocess.Popen(_named(command, hostname, index), env=env)
+        # A process group of its own: a terminal's Ctrl-C reaches this process only, which forwards it once (Celery
+        # reads a second SIGINT as a cold shutdown).
+        children[index] = subprocess.Popen(_named(command, hostname, index), env=env, process_group=0)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
