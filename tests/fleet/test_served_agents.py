@@ -40,16 +40,16 @@ def wait_until(check: object, timeout_s: float = 30.0) -> None:
 
 def test_enqueueing_an_agent_no_worker_serves_fails_at_once_naming_the_served_agents(fleet: Fleet) -> None:
     fleet.start_worker()
-    started = time.monotonic()
     with pytest.raises(AgentNotServedError) as refused:
         fleet.client.enqueue("booker", "A table for two", session_id="wrong-agent")
-    assert time.monotonic() - started < 1.0  # at once, not after a worker parked it
     error = refused.value
     assert error.code == "LOUSHO_AGENT_NOT_SERVED"
     assert error.agent == "booker" and error.queue == fleet.queue
     assert error.served == {fleet.queue: ["cashier", "jobs", "planner"]}
     assert "agent 'booker'" in str(error) and f"(served: 'cashier', 'jobs', 'planner' on {fleet.queue!r})" in str(error)
-    assert session_keys(fleet, "wrong-agent") == [] and fleet.redis.llen(fleet.queue) == 0  # nothing written
+    # At once, not after a worker parked it: nothing written, nothing sent (issue #33: what happened, where a
+    # bound of 1 s on the call's duration asserted how fast the machine was).
+    assert session_keys(fleet, "wrong-agent") == [] and fleet.redis.llen(fleet.queue) == 0
 
 
 def test_an_agent_served_on_another_queue_only_is_refused_on_the_clients_queue(fleet: Fleet) -> None:
