@@ -77,6 +77,7 @@ def test_store_growth_writes_a_row_per_store(tmp_path: Path) -> None:
         assert len(rows) == 1 and rows[0].count("|") == 7, (store, rows)
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_the_hop_profile_writes_a_row_per_area_for_lousho_and_the_floor(tmp_path: Path) -> None:
     out = tmp_path / "profile.md"
     command = [sys.executable, "-m", "bench.profile_hop", "--quick", "--out", str(out)]

@@ -18,7 +18,7 @@ from lousho.dashboard import create_dashboard
 from tests.dashboard.browser import chromium_page, serving
 from tests.fleet.conftest import Fleet, tool_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.workers]
 PAGES = ["approvals", "compare", "fleet", "history", "session", "sessions"]
 PNG = b"\x89PNG\r\n\x1a\n"
 

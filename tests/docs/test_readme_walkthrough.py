@@ -49,7 +49,7 @@ from tests.docs.walkthrough import (
 )
 from tests.ops.conftest import ROOT, descendants
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.workers]
 
 README = ROOT / "README.md"
 FLEET = ROOT / "docs" / "fleet.md"
@@ -59,6 +59,8 @@ DBM = "tests/stores/test_stores_doc.py::test_the_mapping_store_block_runs_and_th
 METRICS_PREFORK = "tests/telemetry/test_metrics_fleet.py::test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port"
 RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI script (path) that runs it
     "bash scripts/check": ".ci/run",  # the suite itself, this test included
+    # its argument handling, on stand-in tools (running the suite from inside the suite would run it twice)
+    "bash scripts/check --fast": "tests/test_check_script.py::test_scripts_check_runs_lint_types_and_contracts_then_the_tests_its_arguments_name",
     "lousho demo": "tests/ops/test_demo.py::test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session",
     "python examples/trip_planner_fork.py": "tests/test_examples.py::test_trip_planner_fork_shows_the_divergence",
     "lousho sessions --status awaiting-approval": FLEET_DOCS_CLI,

@@ -30,7 +30,7 @@ from lousho.worker.running import HOST
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(150), pytest.mark.workers]
 
 
 @pytest.fixture

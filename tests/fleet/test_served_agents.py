@@ -23,6 +23,8 @@ from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings
 from tests.fleet.conftest import Fleet
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 ROOT = str(Path(__file__).resolve().parents[2])
 
 

@@ -18,6 +18,8 @@ from lousho.stores.redis import RedisStore
 from lousho.testing.store_contract import sample_checkpoint
 from tests.ops.conftest import LOUSHO, run_clean
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 def processes_mentioning(text: str) -> list[int]:
     found = []

@@ -22,7 +22,7 @@ import pytest
 from lousho.local_redis import LocalRedis
 from tests.ops.conftest import LOUSHO, descendants
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 EXIT_WITHIN_S = 3.0
 GONE_WITHIN_S = 30.0
