@@ -14,6 +14,7 @@ import redis
 
 from lousho import Agent, Message
 from lousho.errors import AgentNotServedError
+from lousho.fleet.liveness import HOST
 from lousho.fleet.registry import WorkerRegistry
 from lousho.providers import ScriptedProvider
 from lousho.scheduler import Client, reap_once
@@ -73,9 +74,11 @@ def test_a_worker_serves_its_agents_while_it_lives_and_not_once_it_stops_or_dies
     with pytest.raises(AgentNotServedError):
         fleet.client.enqueue("jobs", "go", session_id="after-stop")
     second = fleet.start_worker()
-    time.sleep(1.0)  # beats keep it live past its first lease_ttl_s (2 s in these tests)
     wait_until(lambda: registry.live().serves("jobs", fleet.queue))
-    time.sleep(1.5)
+    published = registry.entries()[f"{HOST}|{second.pid}"]["expires_ms"]
+    # Beats keep it live past its first lease_ttl_s (2 s in these tests): its entry is published again, live for
+    # longer. Waited for, not looked at once 2.5 s later (issue #33: that needed the beat thread on time under load).
+    wait_until(lambda: registry.entries()[f"{HOST}|{second.pid}"]["expires_ms"] > published)
     assert registry.live().serves("jobs", fleet.queue)
     second.kill()  # SIGKILL: no goodbye; its entry expires lease_ttl_s after its last beat
     wait_until(lambda: not registry.live().serves("jobs"), timeout_s=5.0)
