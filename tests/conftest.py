@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fixtures.redis",
     "tests.fixtures.local_store",
     "tests.fixtures.rabbitmq",
+    "tests.fixtures.workers",
 ]

@@ -35,6 +35,7 @@ ROWS = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+@pytest.mark.workers  # its child process starts Celery workers, which tests/fixtures/workers.py cannot see
 def test_quick_bench_writes_its_table_with_every_row(tmp_path: Path) -> None:
     out = tmp_path / "bench"
     command = [sys.executable, "-m", "bench", "--quick", "--only", "overhead,latency", "--out", str(out)]
@@ -77,6 +78,8 @@ def test_store_growth_writes_a_row_per_store(tmp_path: Path) -> None:
         assert len(rows) == 1 and rows[0].count("|") == 7, (store, rows)
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
+@pytest.mark.workers  # its child process starts Celery workers, which tests/fixtures/workers.py cannot see
 def test_the_hop_profile_writes_a_row_per_area_for_lousho_and_the_floor(tmp_path: Path) -> None:
     out = tmp_path / "profile.md"
     command = [sys.executable, "-m", "bench.profile_hop", "--quick", "--out", str(out)]
@@ -114,6 +117,7 @@ def test_the_hop_profile_keeps_the_notes_below_its_marker_and_replaces_the_table
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
+@pytest.mark.workers  # its child process starts Celery workers, which tests/fixtures/workers.py cannot see
 def test_the_cluster_bench_writes_its_throughput_reaper_and_repair_tables(tmp_path: Path) -> None:
     from tests.topologies.cluster_fleet import require_cluster_binaries
 

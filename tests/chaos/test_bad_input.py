@@ -28,6 +28,8 @@ from lousho.executor import InvalidDecisionError
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 from tests.chaos.harness import ChaosFleet, Row, pick, record
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 EXAMPLES = pick(50, 300)
 
 

@@ -50,6 +50,8 @@ from tests.chaos.harness import (
 )
 from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binaries
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(12, 60)
 CRASHES = pick(1, 2)
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -22,6 +22,8 @@ from lousho.stores.listing import Listing
 from tests.chaos.harness import ChaosFleet, Row, pick, record
 from tests.chaos.test_bad_input import session_dump
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 GOOD = pick(4, 20)
 """Good sessions of each kind: finished ones, and ones paused on an approval."""
 

@@ -40,6 +40,8 @@ from tests.chaos.harness import (
 )
 from tests.chaos.test_security import free_port
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(20, 60)
 CUTS = pick(1, 3)
 

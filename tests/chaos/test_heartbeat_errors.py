@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 import redis
 
 from lousho.abort import AbortSignal
@@ -20,6 +21,8 @@ from lousho.worker.heartbeat import heartbeat
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
 from tests.chaos.harness import Row, record
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 async def test_the_heartbeat_outlives_a_failing_redis_command(private_redis_server: RedisServer) -> None:

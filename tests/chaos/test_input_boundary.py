@@ -19,6 +19,8 @@ from lousho.errors import InvalidDecisionError, InvalidInputError
 from tests.chaos.harness import ChaosFleet, Row, record
 from tests.chaos.test_bad_input import serving, session_dump
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 CALL = {"id": "x1", "name": "work", "arguments": {"n": 3}}
 BAD_INPUT: list[Any] = [
     123, 1.5, b"bytes", [1, 2], [["nested"]], {"foo": "bar"}, {"role": "user", "content": 7}, {"role": "boss", "content": "hi"},

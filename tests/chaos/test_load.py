@@ -22,6 +22,8 @@ from tests.chaos.harness import (
     tool_turn,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(200, 1000)
 WORKERS = 4
 

@@ -25,6 +25,8 @@ from tests.chaos.harness import (
     settled_count,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(20, 120)
 DROP, DUP = 0.1, 0.2
 

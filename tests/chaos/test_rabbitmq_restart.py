@@ -41,6 +41,8 @@ from tests.chaos.harness import (
 )
 from tests.fixtures.rabbitmq import AmqpChaosFleet, amqp_fleet, delete_queues
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(8, 60)
 RESTARTS = pick(["stop"], ["stop", "SIGKILL", "stop"])
 ROOT = str(Path(__file__).resolve().parents[2])

@@ -32,6 +32,8 @@ from tests.chaos.harness import (
     settled_count,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(10, 60)
 ENTRIES = pick(80, 600)
 TAG = f"raw-{uuid.uuid4().hex[:8]}"

@@ -15,6 +15,8 @@ from lousho import Message
 from tests.chaos.harness import SEED, Background, ChaosFleet, QueueWatch, Row, pick, record, tool_turn
 from tests.engine.helpers import assert_valid_transcript
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(16, 120)
 WORKERS = pick(2, 4)
 

@@ -44,6 +44,8 @@ from tests.chaos.harness import (
     settled_count,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(16, 60)
 CRASHES = pick(2, 4)
 OUTAGE_S = pick(3.0, 8.0)

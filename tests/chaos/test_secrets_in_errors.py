@@ -29,6 +29,8 @@ from lousho.testing.redis_server import RedisServer
 from lousho.worker import broker_url
 from tests.chaos.harness import SEED, Row, pick, record
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 PASSWORDS_PER_FORM = pick(1, 6)
 GOOD_PASSWORD = "the-right-one-" + uuid.uuid4().hex[:8]
 SEPARATORS = ["-", "@", "/", ":", "#", "?", "%", "&", "=", "!", "+", "@@"]

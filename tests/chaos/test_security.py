@@ -27,6 +27,8 @@ from lousho.testing.redis_server import RedisServer
 from lousho.worker import FleetSettings, broker_url
 from tests.chaos.harness import ChaosFleet, Row, drop_queue, make_fleet, record
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 PASSWORD = "Zx9!p@ss:w0rd/%-" + uuid.uuid4().hex[:8]  # URL-special characters on purpose
 SYSTEM_REDIS = shutil.which("redis-server")
 

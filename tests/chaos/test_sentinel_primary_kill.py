@@ -57,6 +57,8 @@ from tests.chaos.harness import (
 )
 from tests.topologies.test_sentinel import require_sentinel_binary
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(12, 60)
 CRASHES = pick(1, 3)
 ACK_TIMEOUT_MS = 2000

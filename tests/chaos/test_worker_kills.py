@@ -29,6 +29,8 @@ from tests.chaos.harness import (
     settled_count,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(24, 150)
 WORKERS = pick(3, 4)
 KILL_EVERY_S = pick((0.8, 2.0), (0.6, 2.0))

@@ -30,6 +30,8 @@ from tests.chaos.harness import (
     settled_count,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 SESSIONS = pick(16, 80)
 PAUSES = pick(6, 30)
 LEASE_TTL_S = 2.0

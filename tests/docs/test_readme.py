@@ -19,7 +19,12 @@ def test_the_readme_starts_with_the_demo_and_test_commands() -> None:
     assert any("scripts/check" in line for line in head)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"block-{i}" for i in range(len(BLOCKS))])
+# A block that starts real workers (the fleet's `Client` tour) is marked so (tests/fixtures/workers.py, issue #33).
+PARAMS = [pytest.param(block, id=f"block-{i}", marks=[pytest.mark.workers] if "start_worker(" in block else [])
+          for i, block in enumerate(BLOCKS)]  # fmt: skip
+
+
+@pytest.mark.parametrize("block", PARAMS)
 def test_readme_python_block_runs(block: str, tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -7,7 +7,12 @@ copy of the checkout, from a venv made by the README's own first line and the in
 4. the web app: `pip install -e '.[web]'`, its worker and uvicorn, and each `curl`;
 5. the CLI block: enqueue, approvals and approve, fork, compare;
 6. Flower, after the install its section names, answering `/api/tasks` for a job on the fleet section's worker;
-7. every process started here ended by pid, the local store stopped, nothing left running.
+7. every process started here ended by pid, the local store stopped, nothing left running;
+8. `git status` in the copy is clean: whatever the README has a reader create in the checkout (`myapp/`, the venv,
+   the egg-info of `pip install -e .`) is named in .gitignore (issue #33).
+
+The copy is made of the files git tracks or would add, as they are now (tests/docs/walkthrough.py), so what a reader
+left in this checkout after following the README (`myapp/`, ignored) is not in it and breaks no step (issue #33).
 
 Nothing is configured (no `REDIS_URL`, no `LOUSHO_*`): every command uses the local store of the walk's own
 `LOUSHO_HOME`, as on a machine without Redis. What the test changes in a printed line: a free port for 8000 and 5555
@@ -44,7 +49,7 @@ from tests.docs.walkthrough import (
 )
 from tests.ops.conftest import ROOT, descendants
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.workers]
 
 README = ROOT / "README.md"
 FLEET = ROOT / "docs" / "fleet.md"
@@ -62,6 +67,8 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     "lousho worker --app myapp.lousho_app:app -P threads -c 50": WORKER_COMMAND
     + "test_lousho_worker_runs_one_process_with_the_slots_and_the_pool_asked_for",
     "bash scripts/check": ".ci/run",  # the suite itself, this test included
+    # its argument handling, on stand-in tools (running the suite from inside the suite would run it twice)
+    "bash scripts/check --fast": "tests/test_check_script.py::test_scripts_check_runs_lint_types_and_contracts_then_the_tests_its_arguments_name",
     "lousho demo": "tests/ops/test_demo.py::test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session",
     "python examples/trip_planner_fork.py": "tests/test_examples.py::test_trip_planner_fork_shows_the_divergence",
     "lousho sessions --status awaiting-approval": FLEET_DOCS_CLI,
@@ -269,6 +276,13 @@ def test_7_every_process_started_is_ended_and_every_walked_command_ran(walk: Wal
     if walk.failed:  # that step failed the run already; the commands after it were never reached
         pytest.skip(f"the walkthrough stopped at: {walk.failed}")
     assert [line for line in walked() if line not in walk.ran] == []
+
+
+def test_8_following_the_readme_leaves_git_status_clean(walk: Walk) -> None:
+    if walk.failed:  # the copy may not even exist; test_7 and the failed step say what went wrong
+        pytest.skip(f"the walkthrough stopped at: {walk.failed}")
+    assert (walk.checkout / "myapp" / "lousho_app.py").is_file() and (walk.checkout / ".venv").is_dir()  # it ran
+    assert walk.git_status() == [], "following the README left files git status shows: name them in .gitignore"
 
 
 def defined_tests(path: Path) -> set[str]:

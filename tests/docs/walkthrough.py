@@ -1,7 +1,7 @@
 """What the README walkthrough (tests/docs/test_readme_walkthrough.py, issue #15) needs: the docs' shell commands as
-a reader sees them, and a reader's checkout and shell: a copy of the working tree, a venv made by the README's own
-first line, its commands run in bash with that venv first on PATH (as `source .venv/bin/activate` does), the ones the
-README sends to the background started here and ended here by pid."""
+a reader sees them, and a reader's checkout and shell: a copy of the working tree (a git checkout of its own, issue
+#33), a venv made by the README's own first line, its commands run in bash with that venv first on PATH (as `source
+.venv/bin/activate` does), the ones the README sends to the background started here and ended here by pid."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import pytest
 from tests.ops.conftest import ROOT, descendants, run_clean
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-NOT_COPIED = {".venv", ".git", "dist", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis", "__pycache__"}
+GIT_IDENTITY = ["-c", "user.name=walkthrough", "-c", "user.email=walkthrough@localhost", "-c", "commit.gpgsign=false"]
 
 
 def command(line: str) -> str:
@@ -134,9 +134,28 @@ class Walk:
             raise
 
     def copy_checkout(self) -> None:
-        """The working tree, as a fresh clone has it (no venv, no caches, no build output)."""
-        shutil.copytree(ROOT, self.checkout, ignore=lambda _, names: [n for n in names if n in NOT_COPIED
-                                                                       or n.endswith(".egg-info")])  # fmt: skip
+        """The working tree as a fresh clone has it, made a git checkout of its own. Copied: the files git tracks or
+        would add (as they are now, edits included); not what .gitignore names: no venv, caches or build output, and
+        nothing a reader of the README left here (`myapp/` made this step fail with FileExistsError: issue #33).
+        Committed in a new repository, so that `git status` in the copy tells what following the README adds."""
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                                capture_output=True, check=True).stdout  # fmt: skip
+        for name in sorted(set(listed.decode().split("\0")) - {""}):
+            source = ROOT / name
+            if source.is_file() or source.is_symlink():  # a tracked file deleted in the working tree is not there
+                (self.checkout / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, self.checkout / name, follow_symlinks=False)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}  # a hook's GIT_DIR is not the copy's
+        for git in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "-m", "the working tree"]):
+            subprocess.run(["git", *GIT_IDENTITY, *git], cwd=self.checkout, env=env, capture_output=True, check=True)
+
+    def git_status(self) -> list[str]:
+        """`git status --porcelain` in the copy: what the commands run so far added or changed, and .gitignore
+        does not name (issue #33: following the README leaves `git status` clean)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        done = run_clean(["git", "status", "--porcelain", "--untracked-files=all"], cwd=self.checkout, env=env)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.splitlines()
 
     def env(self) -> dict[str, str]:
         """A shell with nothing of lousho configured (so the local store of `home`), the copy's venv first on PATH."""

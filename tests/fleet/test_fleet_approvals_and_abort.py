@@ -6,9 +6,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from lousho import Message
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 RESOLVE = """
 import sys

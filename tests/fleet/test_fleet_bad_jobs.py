@@ -10,6 +10,8 @@ from lousho.subagents import agent_tool
 from lousho.worker import create_app
 from tests.fleet.conftest import Fleet
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 def test_a_job_for_an_unknown_agent_is_parked_and_the_worker_goes_on(fleet: Fleet) -> None:
     fleet.script("good", [Message.assistant("fine")])

@@ -3,9 +3,13 @@ on real worker processes. The rules step by step (duplicates, zombies, folding o
 
 from __future__ import annotations
 
+import pytest
+
 from lousho import Message
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 def job_script() -> list[Message]:

@@ -14,7 +14,7 @@ from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
 from tests.stores.codecs import holding
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.workers]
 
 
 def test_a_session_runs_on_workers_with_the_codec_on_and_redis_holds_no_plaintext_of_its_secret(

@@ -6,9 +6,13 @@ from __future__ import annotations
 import random
 import signal
 
+import pytest
+
 from lousho import Message
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 def random_script(rng: random.Random, session: str) -> list[Message]:

@@ -22,7 +22,7 @@ from lousho.tools import interrupted_result
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.workers]
 
 
 def killed_mid_call(fleet: Fleet, session: str, tool: str) -> None:

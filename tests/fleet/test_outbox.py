@@ -21,6 +21,8 @@ from lousho.worker import FleetSettings, broker_url
 from lousho.worker.outbox import Outbox
 from tests.fleet.conftest import Fleet, tool_turn
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 def other_db(broker: str) -> str:
     """The same broker URL on database 1 (the tests' Redis is on database 0)."""

@@ -6,8 +6,12 @@ import os
 import signal
 import time
 
+import pytest
+
 from lousho import Message
 from tests.fleet.conftest import Fleet, tool_turn
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 def wait_for_runs(fleet: Fleet, call_id: str, runs: int, timeout_s: float = 30.0) -> int:

@@ -16,6 +16,8 @@ from lousho import Message
 from lousho.worker.transport import REJECTED_KEPT, Channel, Connection, Transport, rejected_key
 from tests.fleet.conftest import Fleet, tool_turn
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 RUN = uuid.uuid4().hex[:8]
 
 

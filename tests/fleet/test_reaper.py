@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from lousho import Message
@@ -15,6 +16,8 @@ from lousho.scheduler import Client, reap_once
 from lousho.worker import FleetSettings, broker_url
 from lousho.worker.leases import Lease
 from tests.fleet.conftest import Fleet, tool_turn
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 HOUR_MS = 3_600_000
 

@@ -19,6 +19,8 @@ from lousho.worker import FleetSettings, broker_url, create_app
 from lousho.worker.steps import SessionSteps
 from tests.fleet.conftest import Fleet, tool_turn
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 class Nothing(BaseModel):
     pass

@@ -14,6 +14,7 @@ import redis
 
 from lousho import Agent, Message
 from lousho.errors import AgentNotServedError
+from lousho.fleet.liveness import HOST
 from lousho.fleet.registry import WorkerRegistry
 from lousho.providers import ScriptedProvider
 from lousho.scheduler import Client, reap_once
@@ -22,6 +23,8 @@ from lousho.testing import FleetDriver
 from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings
 from tests.fleet.conftest import Fleet
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -40,16 +43,16 @@ def wait_until(check: object, timeout_s: float = 30.0) -> None:
 
 def test_enqueueing_an_agent_no_worker_serves_fails_at_once_naming_the_served_agents(fleet: Fleet) -> None:
     fleet.start_worker()
-    started = time.monotonic()
     with pytest.raises(AgentNotServedError) as refused:
         fleet.client.enqueue("booker", "A table for two", session_id="wrong-agent")
-    assert time.monotonic() - started < 1.0  # at once, not after a worker parked it
     error = refused.value
     assert error.code == "LOUSHO_AGENT_NOT_SERVED"
     assert error.agent == "booker" and error.queue == fleet.queue
     assert error.served == {fleet.queue: ["cashier", "jobs", "planner"]}
     assert "agent 'booker'" in str(error) and f"(served: 'cashier', 'jobs', 'planner' on {fleet.queue!r})" in str(error)
-    assert session_keys(fleet, "wrong-agent") == [] and fleet.redis.llen(fleet.queue) == 0  # nothing written
+    # At once, not after a worker parked it: nothing written, nothing sent (issue #33: what happened, where a
+    # bound of 1 s on the call's duration asserted how fast the machine was).
+    assert session_keys(fleet, "wrong-agent") == [] and fleet.redis.llen(fleet.queue) == 0
 
 
 def test_an_agent_served_on_another_queue_only_is_refused_on_the_clients_queue(fleet: Fleet) -> None:
@@ -71,9 +74,11 @@ def test_a_worker_serves_its_agents_while_it_lives_and_not_once_it_stops_or_dies
     with pytest.raises(AgentNotServedError):
         fleet.client.enqueue("jobs", "go", session_id="after-stop")
     second = fleet.start_worker()
-    time.sleep(1.0)  # beats keep it live past its first lease_ttl_s (2 s in these tests)
     wait_until(lambda: registry.live().serves("jobs", fleet.queue))
-    time.sleep(1.5)
+    published = registry.entries()[f"{HOST}|{second.pid}"]["expires_ms"]
+    # Beats keep it live past its first lease_ttl_s (2 s in these tests): its entry is published again, live for
+    # longer. Waited for, not looked at once 2.5 s later (issue #33: that needed the beat thread on time under load).
+    wait_until(lambda: registry.entries()[f"{HOST}|{second.pid}"]["expires_ms"] > published)
     assert registry.live().serves("jobs", fleet.queue)
     second.kill()  # SIGKILL: no goodbye; its entry expires lease_ttl_s after its last beat
     wait_until(lambda: not registry.live().serves("jobs"), timeout_s=5.0)

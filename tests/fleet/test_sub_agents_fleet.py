@@ -7,10 +7,14 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from lousho import Message
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 from tests.ops.test_flower import running_flower, wait_for_tasks
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 CHILD = "trip.sub-pay"
 

@@ -21,6 +21,8 @@ from lousho.stores.sql import SqliteStore
 from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
 from tests.ops.conftest import DemoFleet, cli_env
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 NO_CONFIG = {"LOUSHO_REDIS_URL": None, "REDIS_URL": None, "LOUSHO_STORE_URL": None, "LOUSHO_PREFIX": None}
 
 

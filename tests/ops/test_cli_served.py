@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from lousho.cli import app
 from tests.ops.conftest import DemoFleet, cli_env
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 def lousho(*args: str, env: dict[str, str]) -> Any:

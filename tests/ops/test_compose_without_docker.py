@@ -28,7 +28,7 @@ from lousho.testing.redis_server import redis_executable
 from tests.docs.walkthrough import free_port
 from tests.ops.conftest import LOUSHO, ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.workers]
 
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
 SCALE = 4  # as the README's command: --scale worker=4

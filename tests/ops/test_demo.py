@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,8 @@ from lousho.local_redis import LocalRedis
 from lousho.stores.redis import RedisStore
 from lousho.testing.store_contract import sample_checkpoint
 from tests.ops.conftest import LOUSHO, run_clean
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -35,7 +36,6 @@ def processes_mentioning(text: str) -> list[int]:
 @dataclass
 class DemoRun:
     done: subprocess.CompletedProcess[str]
-    elapsed_s: float
     home: Path
 
     @property
@@ -52,10 +52,9 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRun]:
     store = RedisStore(LocalRedis(home).ensure_running())
     store.checkpoints.save("trip-lisbon", sample_checkpoint("trip-lisbon", status="finished"))
     store.client.hset(asked_key("lousho:"), "trip-lisbon:1", 5)
-    started = time.monotonic()
-    try:
+    try:  # no bound on how long it takes but this timeout (issue #33): it recovers by the reaper, as asserted
         done = run_clean([LOUSHO, "demo"], env=env, timeout_s=110)
-        yield DemoRun(done, time.monotonic() - started, home)
+        yield DemoRun(done, home)
     finally:
         LocalRedis(home).stop()
 
@@ -65,7 +64,7 @@ def no_config() -> dict[str, str]:
 
 
 def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session(demo_run: DemoRun) -> None:
-    done, out, elapsed = demo_run.done, demo_run.out, demo_run.elapsed_s
+    done, out = demo_run.done, demo_run.out
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     assert "Traceback" not in out + done.stderr
     assert "All 3 sessions finished" in out
@@ -82,7 +81,6 @@ def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session(demo_run
     assert "a human approved appr_" in out
     assert "Each of the 9 model turns was asked once" in out  # the earlier run's ledger was not counted
     assert "lousho sessions" in out and "lousho history" in out
-    assert elapsed < 60, elapsed
     queue = re.search(r"queue (lousho-demo-[0-9a-f]+)", out)
     assert queue is not None
     assert processes_mentioning(queue.group(1)) == []  # every worker the demo started has ended

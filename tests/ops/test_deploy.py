@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.ops.conftest import LOUSHO, ROOT, DemoFleet, cli_env
+
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
 DEPLOY = ROOT / "deploy"
 VENV_BIN = str(Path(LOUSHO).parent)

@@ -13,6 +13,8 @@ import typer
 from lousho.cli import app
 from tests.ops.conftest import ROOT, run_clean
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 DOC = ROOT / "docs" / "fleet.md"
 TEXT = DOC.read_text(encoding="utf-8")
 PYTHON = re.findall(r"```python\n(.*?)```", TEXT, re.S)

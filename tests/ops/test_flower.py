@@ -19,6 +19,8 @@ import pytest
 
 from tests.ops.conftest import ROOT, DemoFleet, cli_env
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 REQUEST = "Plan a day in Oslo and book the best restaurant."
 
 

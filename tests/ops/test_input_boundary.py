@@ -16,6 +16,8 @@ from tests.fleet.test_input_boundary import prefix_dump
 from tests.ops.conftest import DemoFleet, cli_env
 from tests.ops.test_cli import assert_one_line_error, lousho
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 def everything(fleet: DemoFleet, client: redis.Redis) -> dict[bytes, bytes | None]:
     return prefix_dump(client, fleet.settings.prefix, fleet.settings.fleet.queue)

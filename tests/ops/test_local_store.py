@@ -71,6 +71,7 @@ def lousho(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[st
     return done
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_with_no_redis_configured_commands_share_one_local_store_that_lasts_between_them(home: Path) -> None:
     url = write_session(home, "chat-local")  # one process writes and exits...
     assert url == LocalRedis(home).url
@@ -114,6 +115,7 @@ def test_a_configured_redis_wins_over_the_local_store(variable: str, home: Path)
     assert not (home / "redis" / "lousho.aof").exists()
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_the_local_store_stops_when_idle_and_not_while_a_client_is_connected(home: Path) -> None:
     write_session(home, "chat-idle", LOUSHO_LOCAL_IDLE_S="1")
     local = LocalRedis(home)
@@ -132,6 +134,7 @@ def test_the_local_store_stops_when_idle_and_not_while_a_client_is_connected(hom
     assert "chat-idle" in lousho(home, "sessions").stdout  # its data lasts
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_commands_at_once_start_one_local_store(home: Path) -> None:
     with ThreadPoolExecutor(4) as pool:
         urls = list(pool.map(lambda n: write_session(home, f"chat-{n}"), range(4)))

@@ -17,7 +17,7 @@ import pytest
 
 from tests.ops.conftest import LOUSHO, ROOT, DemoFleet, cli_env, run_clean
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 
 def bash_block(document: Path, after_heading: str) -> list[str]:

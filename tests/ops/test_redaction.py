@@ -75,6 +75,7 @@ def test_redact_url_masks_every_password_and_keeps_what_tells_urls_apart(url: st
     assert redact_url(url) == shown
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_no_error_of_the_command_shows_a_password(password_redis: str) -> None:
     wrong = f"unix://:wrong-{SECRET}@{password_redis}?db=0"
     cases: list[tuple[list[str], dict[str, str], str]] = [
@@ -96,6 +97,7 @@ def test_no_error_of_the_command_shows_a_password(password_redis: str) -> None:
         assert_hidden(result.stdout + result.stderr, shown)
 
 
+@pytest.mark.workers
 def test_the_worker_command_never_shows_the_password(password_redis: str, tmp_path: Path) -> None:
     url = f"unix://:{SECRET}@{password_redis}?db=0"
     refused = run_clean(

@@ -17,6 +17,8 @@ from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
 from tests.ops.conftest import ROOT, DemoFleet
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 async def wait_for(http: httpx.AsyncClient, session: str, status: str, timeout_s: float = 30.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s

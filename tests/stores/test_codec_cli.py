@@ -7,6 +7,8 @@ import base64
 import os
 from pathlib import Path
 
+import pytest
+
 from lousho.messages import Message
 from lousho.stores.sql import SqliteStore
 from lousho.testing.store_contract.samples import sample_checkpoint
@@ -19,6 +21,7 @@ def _env(**extra: str) -> dict[str, str]:
     return {**clean, "COLUMNS": "200", **extra}
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_the_cli_reads_an_encrypted_store_with_the_keys_the_environment_names(tmp_path: Path) -> None:
     path = tmp_path / "jobs.db"
     store = SqliteStore(path, codec=CODEC)

@@ -181,6 +181,7 @@ WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_processes_sharing_one_sqlite_file_never_both_win_a_version(tmp_path: Path) -> None:
     """Each process tries versions 1..150 in turn from a fresh file: every version is won exactly once."""
     script, db = tmp_path / "writer.py", tmp_path / "shared" / "jobs.db"

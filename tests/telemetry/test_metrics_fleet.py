@@ -26,7 +26,7 @@ from tests.docs.walkthrough import free_port
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import start_recording_reaper
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.workers]
 
 LOUSHO = str(Path(sys.executable).with_name("lousho"))
 NOT_RUN = ("recorded", "running-elsewhere", "unknown-session", "waiting-for-approval")

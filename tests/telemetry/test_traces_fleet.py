@@ -27,7 +27,7 @@ from lousho.testing.workers import start_worker
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.telemetry.conftest import OtlpReceiver, ReceivedSpan
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.workers]
 
 LOUSHO = str(Path(sys.executable).with_name("lousho"))
 NOT_RUN = ("recorded", "running-elsewhere", "unknown-session", "waiting-for-approval")

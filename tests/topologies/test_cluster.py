@@ -53,7 +53,7 @@ from tests.fleet.test_sub_agents_fleet import (
 from tests.topologies.cluster_fleet import chaos_fleet_on, require_cluster_binaries
 from tests.topologies.test_sentinel import assert_a_save_short_of_replicas_is_refused, checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 FLEET_WIDE = {"workers", "reaper:lock", "telemetry:counters"}
 """Records of the whole fleet that no script touches with a session's keys: the workers' presence hash, the

@@ -19,6 +19,8 @@ from lousho.settings import LoushoSettings
 from lousho.worker import FleetSettings
 from tests.fleet.conftest import Fleet, tool_turn
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 
 def unreachable_broker() -> str:
     """An AMQP URL on a local port nothing listens on (a broker that is down)."""

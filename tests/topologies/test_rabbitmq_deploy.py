@@ -63,6 +63,7 @@ def test_the_kubernetes_manifest_runs_rabbitmq_and_gives_the_lousho_pods_its_url
         assert {"secretRef": {"name": "lousho-broker", "optional": True}} in sources, name
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_the_runs_rabbitmq_node_runs_with_the_deploy_settings_file(rabbitmq_run_node: RabbitMQNode | None) -> None:
     """The settings file is RabbitMQ's own format: the run's node (every RabbitMQ test's) boots with its
     lines and takes them."""

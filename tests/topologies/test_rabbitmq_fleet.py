@@ -33,7 +33,7 @@ from tests.fleet.test_sub_agents_fleet import (
     test_a_sub_agent_survives_the_sigkill_of_its_tool_worker_and_its_approval_resumes_both as sub_agent_survives,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 
 def smaller_on_rabbitmq(module: ModuleType, monkeypatch: pytest.MonkeyPatch, **sizes: int) -> None:

@@ -51,7 +51,7 @@ from tests.fleet.test_fleet_crashes import assert_guarantees
 from tests.ops.conftest import run_clean
 from tests.topologies.test_topologies_doc import python_blocks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 
 def require_sentinel_binary() -> None:

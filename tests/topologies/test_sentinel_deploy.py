@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 import redis
 import yaml
 
@@ -46,6 +47,7 @@ def test_the_compose_overlay_gives_workers_beat_and_flower_the_sentinels_and_rep
         assert settings.broker() == env["LOUSHO_REDIS_URL"]  # the broker too (celery_config gives kombu its form)
 
 
+@pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_a_sentinel_started_with_the_deploy_config_watches_the_primary_with_its_quorum() -> None:
     require_sentinel_binary()
     binary = sentinel_binary()

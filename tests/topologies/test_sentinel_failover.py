@@ -24,7 +24,7 @@ from tests.fleet.conftest import Fleet, tool_turn
 from tests.fleet.test_fleet_crashes import assert_guarantees
 from tests.topologies.test_sentinel import ProbedFleet, close_fleet, require_sentinel_binary, sentinel_fleet
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]
 
 
 @pytest.fixture

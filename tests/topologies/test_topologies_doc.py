@@ -29,6 +29,7 @@ def python_blocks(title: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+@pytest.mark.workers  # its child process starts Celery workers, which tests/fixtures/workers.py cannot see
 def test_the_rabbitmq_example_runs_a_job_with_an_approval_on_rabbitmq_and_redis(tmp_path: Path) -> None:
     require_rabbitmq_server()
     [block] = python_blocks("RabbitMQ broker, Redis store")
