@@ -28,6 +28,8 @@ from tests.chaos.harness import (
     tool_turn,
 )
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 PER_PROCESS = pick(110, 300)
 """Sessions sent to each victim process: its first call is long, so all are in flight when the fault strikes."""
 HELD = 100

@@ -38,7 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lousho.telemetry.metrics import metrics_registry
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.workers]  # it starts Celery worker processes
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ import pytest
 from tests.docs.walkthrough import bash_block_after
 from tests.ops.conftest import LOUSHO, ROOT, DemoFleet, cli_env, descendants
 
+pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+
 DOC_COMMANDS = bash_block_after(ROOT / "docs" / "fleet.md", "### Many steps in flight per process")
 APP = "lousho.demo.fleet_app:app"
 
