@@ -131,3 +131,16 @@ def test_an_abort_cancels_one_session_in_flight_beside_many_others(fleet: Fleet)
     for session in others:
         assert tool_results(fleet, session)[0]["seen"] >= len(names)
     assert fleet.counts("runs") == {f"{session}-c": 1 for session in names}
+
+
+def test_a_worker_reports_its_pools_slots_and_the_calls_it_holds(fleet: Fleet) -> None:
+    """What `celery inspect stats` and Flower show of lousho's pool (docs/fleet.md)."""
+    names = [f"i{n}" for n in range(3)]
+    hold_many_on_one_worker(fleet, names)  # 13 slots, 3 calls held
+    [stats] = (fleet.client.app.control.inspect(timeout=5).stats() or {}).values()
+    pool = stats["pool"]
+    assert pool["implementation"] == "lousho.worker.pool:AsyncioPool"
+    assert (pool["max-concurrency"], pool["in-flight"]) == (13, 3)
+    assert 3 <= pool["most-in-flight"] <= 13  # a turn's task may still be ending as its call's task starts
+    fleet.redis.delete(fleet.key("hold"))
+    fleet.wait_for(names)
