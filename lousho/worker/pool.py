@@ -2,10 +2,10 @@
 
 A fleet mostly waits: a model answers in seconds, a tool awaits a network call. Celery's prefork pool
 holds one task per process, and its threads pool a thread per task. This pool holds every task of the
-process on one event loop, in a thread of its own:
+process on a few event loops (`LOOPS`), each in a thread of its own:
 
 - `on_apply` runs Celery's own task tracer (`apply_target`: accept, run, then the callback that acks
-  the message) in a greenlet driven by a coroutine on that loop;
+  the message) in a greenlet driven by a coroutine on one of the loops (the least busy);
 - the task body is lousho's (`FleetRuntime.run`): it hands its step's coroutine to the loop with
   `await_on_loop` and its greenlet sleeps until the step is done, while the loop runs the other steps;
 - so the tracer returns, and the message is acknowledged, only after the step committed (acks_late),
@@ -13,7 +13,7 @@ process on one event loop, in a thread of its own:
   delivered again.
 
 A slot costs a greenlet and a coroutine (a few KB), not a thread's stack. Redis calls inside a step are
-blocking and short; they run on the loop between the waits. Sync tools run on the loop's default
+blocking and short; they hold only their loop, between the waits. Sync tools run on the loop's default
 executor, sized to the pool's slots, so a sync tool never blocks the loop.
 
 Celery keeps its per-task state (`task.request`, `current_task`) in locals keyed by greenlet when the
@@ -72,7 +72,11 @@ def await_on_loop(coro: Coroutine[Any, Any, T]) -> T:
 
 async def _drive(fn: Callable[..., Any], *args: Any) -> Any:
     """Run `fn(*args)` in a greenlet; await each coroutine it hands over, and give it back the result."""
-    step = _StepGreenlet(fn, greenlet.getcurrent())
+    driver = greenlet.getcurrent()
+    step = _StepGreenlet(fn, driver)
+    # One context for the task: what the tracer sets in it (a trace span, Celery's request) is what the step's
+    # coroutine sees, as when a task runs its coroutine in its own thread (SQLAlchemy's asyncio bridge does the same).
+    step.gr_context = driver.gr_context
     handed = step.switch(*args)
     while not step.dead:
         try:
