@@ -72,7 +72,8 @@ def test_a_process_killed_or_stopped_holding_many_calls_keeps_every_guarantee(
     fleet.env.update(LOUSHO_TEST_SAVE_LOG=str(saves), LOUSHO_TEST_MAX_ATTEMPTS="8")
     killed_sessions = [f"mk{i:03d}" for i in range(PER_PROCESS)]
     stopped_sessions = [f"ms{i:03d}" for i in range(PER_PROCESS)]
-    scripts = {**scripts_of(rng, killed_sessions, 3.0), **scripts_of(rng, stopped_sessions, 4.0)}
+    # Long first calls: the first of them must still run when the last starts, however slow the machine
+    scripts = {**scripts_of(rng, killed_sessions, 12.0), **scripts_of(rng, stopped_sessions, 12.0)}
     install_scripts(fleet, rng, scripts, model_delay=0.5)
     fleet.start_reaper(interval_s=0.3)
     started = time.monotonic()
