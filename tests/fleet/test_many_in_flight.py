@@ -18,7 +18,8 @@ from lousho.testing.workers import WorkerProcess
 from tests.engine.helpers import assert_valid_transcript
 from tests.fleet.conftest import Fleet, tool_turn
 
-pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
+# 120 sessions a test, each waiting on the others: past the default 120 s on a machine with both cores busy
+pytestmark = [pytest.mark.workers, pytest.mark.timeout(360)]  # workers: tests/fixtures/workers.py
 
 MANY = 120
 """Calls in flight in one process: past the 100 the issue asks of a kill and a stop."""
