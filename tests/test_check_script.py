@@ -45,7 +45,7 @@ def run_check(folder: Path, *args: str) -> list[list[str]]:
 
 
 ON_LOUSHOS_POOL = ["python", "-m", "pytest", "-q", "-rfEs", *(f"tests/fleet/{name}.py" for name in (
-    "test_fleet_crashes", "test_sub_agents_fleet", "test_fleet_approvals_and_abort",
+    "test_fleet_crashes", "test_sub_agents_fleet", "test_fleet_approvals_and_abort", "test_interrupted_calls_fleet",
     "test_death_detection", "test_reaper")), "tests/telemetry/test_traces_fleet.py"]  # fmt: skip
 """The fleet's guarantees run again on lousho's pool (issue #29)."""
 

@@ -18,8 +18,10 @@ over cannot overwrite newer progress (DESIGN.md: 'The fleet').
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 from lousho.abort import AbortSignal, RunAborted
@@ -38,7 +40,7 @@ from lousho.engine import (
     record_tool_result,
 )
 from lousho.errors import CheckpointConflictError, PropagatingToolError, SessionSupersededError
-from lousho.fleet.dispatch import tool_turn, turn_number
+from lousho.fleet.dispatch import send_advance, tool_turn, turn_number
 from lousho.fleet.keys import result_field
 from lousho.inputs import materialize_accepted
 from lousho.messages import ToolCall
@@ -131,16 +133,26 @@ class SessionSteps:
 
     # -- advance -----------------------------------------------------------------------
 
-    async def advance(self, expected_turn: int | None = None, redispatch: bool = False, requeue: bool = False) -> str:
+    async def advance(
+        self, expected_turn: int | None = None, redispatch: bool = False, requeue: bool = False, abort: bool = False
+    ) -> str:
         """Do what is next for the session, under its lease; a busy lease means someone else is on it.
         A `model_turn` task counts its turn's start as it takes the lease (poison detection).
-        `requeue`: this is the reaper's `advance`, taken now: the reaper may send another (keys.requeued)."""
+        `requeue`: this is the reaper's `advance`, taken now: the reaper may send another (keys.requeued).
+        `abort`: `Client.abort`'s wake-up, which waits for a busy lease instead of leaving: the holder may
+        have read the abort flag before it was set and end without acting on it (a fold), and a call cut
+        short by the abort leaves its pause to this step (issue #29: found on lousho's pool)."""
         if requeue:
             with redis_errors(self.client, f"take the requeue mark of session {self.session_id!r}"):
                 self.client.delete(self.keys.requeued(self.session_id))
         lease = self.session_lease()
         attempt = f"turn:{expected_turn}" if expected_turn is not None else ""
         begun = self.scripts.begin_step(self.session_id, lease, attempt)
+        if begun is None and abort:
+            begun = await self.begin_when_free(lease)
+            if begun is None:
+                send_advance(self.runtime.app, self.session_id, "abort")
+                return "abort-deferred"
         if begun is None:
             return "busy"
         self.step_end.redispatch = redispatch
@@ -156,6 +168,16 @@ class SessionSteps:
         settle_slot(self, outcome)
         tell_parent(self, outcome)
         return outcome
+
+    async def begin_when_free(self, lease: Lease) -> Begun | None:
+        """Take the session's lease for a step, waiting up to `lock_wait_s` while another step holds it;
+        None when it stays busy (the caller sends its task again)."""
+        deadline = time.monotonic() + self.runtime.settings.lock_wait_s
+        while (begun := self.scripts.begin_step(self.session_id, lease)) is None:
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.02)
+        return begun
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
         self.epoch = self.step_end.epoch = begun.epoch

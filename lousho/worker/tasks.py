@@ -66,7 +66,11 @@ def register_tasks(app: Any, runtime: FleetRuntime) -> None:
     def advance(session_id: str, reason: str = "") -> str:
         """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
         redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
-        return _guarded(runtime, session_id, lambda steps: steps.advance(redispatch=redispatch, requeue=requeue))
+        return _guarded(
+            runtime,
+            session_id,
+            lambda steps: steps.advance(redispatch=redispatch, requeue=requeue, abort=reason == "abort"),
+        )
 
     @app.task(name=TASK_REAP, shared=False)  # type: ignore[untyped-decorator]
     def reap() -> int:

@@ -10,9 +10,7 @@ the checkpoint read) and the fold's save, which ends the step.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 from lousho.abort import RunAborted
@@ -153,18 +151,14 @@ def _policy(run: Run, plan: PlannedCall) -> str:
 async def fold_when_free(steps: SessionSteps, commit: tuple[RunningCall, str, Lease] | None = None) -> str:
     """Commit the call's result (`commit`: the call, its result JSON and its lease), then fold under
     the session's lease; if the lease stays busy, leave the fold to an `advance` task."""
-    deadline = time.monotonic() + steps.runtime.settings.lock_wait_s
     lease = steps.session_lease()
+    begun = None
     if commit is not None:
         running, result_json, call_lease = commit
         run = (running.epoch, running.entry)
         begun = steps.scripts.commit_call(steps.session_id, running.field, result_json, call_lease, lease, run)
-    else:
-        begun = steps.scripts.begin_step(steps.session_id, lease)
-    while begun is None:
-        if time.monotonic() > deadline:
-            send_advance(steps.runtime.app, steps.session_id, "fold")
-            return "fold-deferred"
-        await asyncio.sleep(0.02)
-        begun = steps.scripts.begin_step(steps.session_id, lease)
+    begun = begun or await steps.begin_when_free(lease)
+    if begun is None:
+        send_advance(steps.runtime.app, steps.session_id, "fold")
+        return "fold-deferred"
     return await steps.fold_after_call(lease, begun)

@@ -166,6 +166,31 @@ def test_an_abort_mid_call_gives_fail_its_error_and_pauses_ask_as_in_process(fle
     assert fleet.counts("runs")["abort-ask-send"] == 1
 
 
+def test_an_abort_that_finds_a_step_on_the_session_waits_for_it_and_still_pauses_ask(fleet: Fleet) -> None:
+    """`Client.abort`'s wake-up can meet the lease of a step that read the abort flag before it was set (the
+    fold of another call's result), while the abort cuts the 'ask' call short, which leaves the pause to that
+    wake-up: it waits for the step to end and pauses, never drops the abort (issue #29: seen on lousho's pool,
+    where the fold and the call run side by side). The lease held here by the test stands for that step."""
+    fleet.script("busy", [tool_turn(("busy-send", "mail_ask", {"n": 3, "sleep_s": 60})), Message.assistant("ok")])
+    start(fleet, ["busy"])
+    fleet.pid_running("busy-send")
+    lease = fleet.client.keys.lease("busy")
+    assert fleet.redis.set(lease, "a step that missed the abort", nx=True, px=60_000)
+    assert fleet.client.abort("busy")
+
+    def logs() -> str:
+        return "".join(w.log() for w in fleet.workers)
+
+    wait_until(lambda: "lousho.advance[" in logs() and "'aborted'" in logs())  # the wake-up came; the call stopped
+    time.sleep(0.5)  # the wake-up meets the busy lease
+    assert fleet.client.status("busy").status == "in-progress"
+    fleet.redis.delete(lease)  # the step ends
+    fleet.wait_for(["busy"], status="awaiting-approval", timeout_s=60)
+    [approval] = fleet.client.approvals("busy")
+    assert (approval.kind, approval.tool_call.id) == ("interrupted", "busy-send")
+    assert fleet.counts("runs") == {"busy-send": 1}
+
+
 def wait_until(condition: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
