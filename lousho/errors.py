@@ -151,6 +151,15 @@ class NewerFormatError(CorruptCheckpointError):
 
     code = "LOUSHO_NEWER_FORMAT"
 
+    def __init__(self, session_id: str, problem: str) -> None:
+        SDKError.__init__(
+            self,
+            f"the stored checkpoint of session {session_id!r} was written by a newer lousho: {problem}. It was left "
+            "as it is: read it with that release (docs/upgrading.md); do not delete it",
+        )
+        self.session_id = session_id
+        self.problem = problem
+
 
 class CorruptApprovalError(SDKError):
     """A stored approval snapshot that cannot be read; it is left as it is."""

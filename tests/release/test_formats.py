@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from importlib import resources
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,9 @@ from lousho.approvals import decode_snapshot
 from lousho.checkpoint import decode_checkpoint
 from lousho.fleet.protocol import PROTOCOL_HEADER, message_protocol, speaks, too_new
 from lousho.formats import APPROVAL_SCHEMA_VERSION, MESSAGE_PROTOCOL, SCRIPT_PROTOCOL, written_formats
+from lousho.stores.registry import open_store
 from lousho.testing.store_contract.samples import sample_checkpoint
+from tests.ops.test_cli import lousho as run_lousho
 
 
 def lua_scripts() -> list[str]:
@@ -69,3 +72,15 @@ def test_a_worker_publishes_every_format_it_writes() -> None:
     assert spoken["formats"] == written_formats()
     assert set(written_formats()) == {"message", "scripts", "layout", "checkpoint", "approval"}
     assert spoken["message_protocols"] == [1, MESSAGE_PROTOCOL]
+
+
+def test_lousho_show_of_a_session_a_newer_lousho_wrote_says_so_and_leaves_it(tmp_path: Path) -> None:
+    """docs/upgrading.md, rolling back across a bump: the older lousho refuses, with its own code, and keeps it."""
+    url = f"dbm://{tmp_path}/runs.db"
+    newer = sample_checkpoint("s1").model_copy(update={"schema_version": 2}).model_dump_json()
+    open_store(url).checkpoints.put_raw("s1", newer)
+    shown = run_lousho("--store-url", url, "show", "s1", ok=False)
+    assert shown.exit_code == 1
+    assert shown.stderr.startswith("error: [LOUSHO_NEWER_FORMAT] the stored checkpoint of session 's1' was written")
+    assert "do not delete it" in shown.stderr
+    assert open_store(url).checkpoints.get_raw("s1") in (newer, newer.encode())  # left as it was
