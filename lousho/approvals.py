@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, Strict
 from lousho.checkpoint import Checkpoint
 from lousho.errors import ApprovalCallChangedError, CorruptApprovalError, InvalidDecisionError
 from lousho.fingerprint import AgentFingerprint
+from lousho.formats import APPROVAL_SCHEMA_VERSION
 from lousho.messages import ToolCall
 
 __all__ = [
@@ -97,6 +98,8 @@ class ApprovalSnapshot(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
+    schema_version: int = APPROVAL_SCHEMA_VERSION
+    """Format of this record (issue #35; 0.1.0's snapshots have none: 1); a reader refuses a newer one."""
     id: str
     session_id: str | None = None
     agent_name: str | None = None
@@ -235,11 +238,17 @@ def decide(store: ApprovalStore, decision: ApprovalDecision) -> Any:
 def decode_snapshot(approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
     """Read a stored snapshot, or raise `CorruptApprovalError` (the stored value is left as it is)."""
     try:
-        return ApprovalSnapshot.model_validate_json(raw)
+        snapshot = ApprovalSnapshot.model_validate_json(raw)
     except ValidationError as exc:
         raise CorruptApprovalError(
             f"the stored approval {approval_id!r} cannot be read ({exc.errors()[0]['msg']}); it was left as it is"
         ) from exc
+    if snapshot.schema_version > APPROVAL_SCHEMA_VERSION:  # written by a newer lousho (issue #35)
+        raise CorruptApprovalError(
+            f"the stored approval {approval_id!r} has schema version {snapshot.schema_version}, newer than this "
+            f"lousho reads ({APPROVAL_SCHEMA_VERSION}); it was left as it is: upgrade lousho"
+        )
+    return snapshot
 
 
 # -- approvals bound to the call shown (issue #17) ------------------------------------------------

@@ -16,8 +16,9 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError, InvalidSessionIdError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, InvalidSessionIdError, NewerFormatError
 from lousho.fingerprint import AgentFingerprint
+from lousho.formats import CHECKPOINT_SCHEMA_VERSION
 from lousho.messages import Message, ToolCall, Usage
 
 __all__ = [
@@ -28,13 +29,13 @@ __all__ = [
     "Status",
     "decode_checkpoint",
     "get_checkpoint_history",
+    "check_schema",
     "check_version",
     "child_session_id",
     "maybe_await",
     "validate_session_id",
 ]
 
-CHECKPOINT_SCHEMA_VERSION = 1
 Status = Literal["in-progress", "awaiting-approval", "finished"]
 FinishReason = Literal["stop", "max-steps"]
 T = TypeVar("T")
@@ -199,12 +200,7 @@ def decode_checkpoint(session_id: str, raw: str | bytes | dict[str, Any]) -> Che
         raise CorruptCheckpointError(session_id, f"not JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise CorruptCheckpointError(session_id, f"expected a JSON object, found {type(data).__name__}")
-    schema = data.get("schema_version", CHECKPOINT_SCHEMA_VERSION)
-    if not isinstance(schema, int) or schema > CHECKPOINT_SCHEMA_VERSION:
-        raise CorruptCheckpointError(
-            session_id,
-            f"schema version {schema!r} is newer than this lousho reads ({CHECKPOINT_SCHEMA_VERSION}); upgrade lousho",
-        )
+    check_schema(session_id, data)
     try:
         checkpoint = Checkpoint.model_validate(data)
     except ValidationError as exc:
@@ -215,6 +211,19 @@ def decode_checkpoint(session_id: str, raw: str | bytes | dict[str, Any]) -> Che
     if checkpoint.session_id != session_id:
         raise CorruptCheckpointError(session_id, f"it belongs to session {checkpoint.session_id!r}")
     return checkpoint
+
+
+def check_schema(session_id: str, data: dict[str, Any]) -> None:
+    """Refuse a record of a schema this lousho does not read: `NewerFormatError` when a newer lousho wrote it
+    (not damage: during a rolling upgrade it is handed back for a worker that reads it, issue #35)."""
+    schema = data.get("schema_version", CHECKPOINT_SCHEMA_VERSION)
+    if not isinstance(schema, int):
+        raise CorruptCheckpointError(session_id, f"schema version {schema!r} is not a number")
+    if schema > CHECKPOINT_SCHEMA_VERSION:
+        raise NewerFormatError(
+            session_id,
+            f"schema version {schema!r} is newer than this lousho reads ({CHECKPOINT_SCHEMA_VERSION}); upgrade lousho",
+        )
 
 
 def check_version(session_id: str, stored_version: int | None, checkpoint: Checkpoint) -> None:

@@ -1,11 +1,14 @@
-"""`lousho enqueue`, `resume`, `approvals`, `approve`, `abort`: steering jobs on the fleet through `Client`."""
+"""`lousho enqueue`, `resume`, `approvals`, `approve`, `abort`: steering jobs on the fleet through `Client`;
+`lousho workers`: the live workers, with the lousho and the protocols each speaks (issue #35)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import typer
+from rich.table import Table
 
 from lousho.approvals import ApprovalDecision, decide, parse_decision
 from lousho.cli_render import approvals_table, print_json, print_table, report_skipped, short, sync
@@ -156,3 +159,24 @@ def interrupted_decision(
             f"--result must be JSON (a string in quotes: '\"sent\"'); got {result!r:.200}"
         ) from exc
     return parse_decision({"id": approval_id, "approved": approved, "note": note, "action": action, "result": parsed})
+
+
+def register_workers(app: typer.Typer) -> None:
+    from lousho.cli import settings_of
+
+    @app.command()
+    def workers(
+        ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print the workers as JSON.")
+    ) -> None:
+        """The live workers: the agents each serves, its queues, its lousho and the protocols it speaks (a fleet
+        in a rolling upgrade shows two releases; docs/upgrading.md). The dashboard's fleet page shows the same."""
+        live = settings_of(ctx).client().registry.live().workers
+        if as_json:
+            print_json([dataclasses.asdict(worker) | {"formats": dict(worker.formats or ())} for worker in live])
+            return
+        table = Table(title=f"{len(live)} live worker(s)")
+        for column in ("worker", "agents", "queues", "lousho and protocols"):
+            table.add_column(column, overflow="fold")
+        for worker in live:
+            table.add_row(worker.id, ", ".join(worker.agents), ", ".join(worker.queues), worker.speaks())
+        print_table(table)

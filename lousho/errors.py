@@ -22,6 +22,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidSessionIdError",
     "LeaseLostError",
+    "NewerFormatError",
     "PayloadDecodeError",
     "PayloadKeyError",
     "PropagatingToolError",
@@ -138,6 +139,26 @@ class PayloadKeyError(PayloadDecodeError):
     one it was written with (issue #17). Nothing stored is changed: give the store the key it names."""
 
     code = "LOUSHO_PAYLOAD_KEY"
+
+
+class NewerFormatError(CorruptCheckpointError):
+    """A stored checkpoint written by a newer lousho, in a schema this one does not read (issue #35).
+
+    Not damage: during a rolling upgrade a worker of the previous release meets sessions the new ones
+    wrote. It is left exactly as it is; on the fleet the step's message is handed back for a worker
+    that reads it (`lousho.fleet.protocol`), never parked.
+    """
+
+    code = "LOUSHO_NEWER_FORMAT"
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        SDKError.__init__(
+            self,
+            f"the stored checkpoint of session {session_id!r} was written by a newer lousho: {problem}. It was left "
+            "as it is: read it with that release (docs/upgrading.md); do not delete it",
+        )
+        self.session_id = session_id
+        self.problem = problem
 
 
 class CorruptApprovalError(SDKError):

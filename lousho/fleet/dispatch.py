@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lousho.checkpoint import Checkpoint
+from lousho.fleet.protocol import message_headers
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
 
 __all__ = [
@@ -80,6 +81,7 @@ def send(app: Any, task: StepTask, queue: str | None = None, *, countdown_s: flo
         queue=queue or app.conf.task_default_queue,
         shadow=task.shadow,
         argsrepr=task.argsrepr,
+        headers=message_headers(),  # the message's protocol (issue #35)
         **({"countdown": countdown_s} if countdown_s else {}),
     )
 

@@ -5,7 +5,8 @@ A job whose agent no live worker serves used to be taken by whatever worker cons
 parked it (`LOUSHO_UNKNOWN_AGENT`) with the reason only in that worker's log; or it waited forever on a
 queue nobody consumed. Now each worker publishes what it serves, with a heartbeat, in one Redis hash per
 key prefix, `<prefix>workers`: field `<host>|<pid>` -> JSON `{"queues": [...], "agents": [...],
-"expires_ms": <Redis server ms>}`. On a Redis Cluster that hash is sharded by slot group, each worker's
+"expires_ms": <Redis server ms>, "version": "<lousho's>", "message_protocols": [<oldest>, <newest>],
+"formats": {<format>: <version>}}` (the last three since 0.2, issue #35: `lousho.fleet.protocol.speaks`). On a Redis Cluster that hash is sharded by slot group, each worker's
 entry in the shard of its id's group (`RedisKeys.fleet_wide_of`, issue #18): readers read the 16 shards. A worker writes it when it is ready, again every `heartbeat_s`, and
 deletes it when it shuts down; an entry whose `expires_ms` passed (a SIGKILLed worker: `lease_ttl_s`
 after its last beat) is not live. The publishing is the worker's (`lousho.worker.registry`); the layout,
@@ -64,6 +65,20 @@ class LiveWorker:
     """The queues it consumes."""
     agents: tuple[str, ...]
     """The agents it serves (its sub-agents included)."""
+    version: str | None = None
+    """The lousho it runs; None for a worker of 0.1.0, which did not say (issue #35)."""
+    message_protocols: tuple[int, int] = (1, 1)
+    """The oldest and newest step-message protocol it runs (0.1.0's: 1 only)."""
+    formats: tuple[tuple[str, int], ...] | None = None
+    """The version of each format it writes, by name (`lousho.formats.written_formats`); None for 0.1.0's."""
+
+    def speaks(self) -> str:
+        """Its version and protocols in one line, for the dashboard and `lousho workers`."""
+        oldest, newest = self.message_protocols
+        protocols = str(newest) if oldest == newest else f"{oldest}-{newest}"
+        return f"{self.version or '0.1.0 (unstated)'}; messages {protocols}" + (
+            "; " + ", ".join(f"{name} {number}" for name, number in self.formats) if self.formats else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -156,5 +171,25 @@ class WorkerRegistry:
         for worker_id, entry in sorted(self.entries().items()):
             expires, queues, agents = entry.get("expires_ms"), entry.get("queues"), entry.get("agents")
             if isinstance(expires, int) and expires > now_ms and isinstance(queues, list) and isinstance(agents, list):
-                workers.append(LiveWorker(worker_id, tuple(map(str, queues)), tuple(map(str, agents))))
+                workers.append(_live_worker(worker_id, entry, queues, agents))
         return ServedAgents(tuple(workers))
+
+
+def _live_worker(worker_id: str, entry: dict[str, Any], queues: list[Any], agents: list[Any]) -> LiveWorker:
+    """A live entry, what it says of its version and formats taken only where it has the right shape."""
+    version, protocols, formats = entry.get("version"), entry.get("message_protocols"), entry.get("formats")
+    spoken = (
+        (protocols[0], protocols[1])
+        if isinstance(protocols, list) and len(protocols) == 2 and all(isinstance(p, int) for p in protocols)
+        else (1, 1)
+    )
+    return LiveWorker(
+        worker_id,
+        tuple(map(str, queues)),
+        tuple(map(str, agents)),
+        version=version if isinstance(version, str) else None,
+        message_protocols=spoken,
+        formats=tuple((str(k), v) for k, v in formats.items() if isinstance(v, int))
+        if isinstance(formats, dict)
+        else None,
+    )

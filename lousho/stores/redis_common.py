@@ -18,6 +18,7 @@ import redis
 from redis.commands.core import Script
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
+from lousho.formats import SCRIPT_PROTOCOL
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
 from lousho.stores.redis_slots import group_slots, group_tag, group_tags, key_slot, shard_tags, slot_group, slot_tag
 
@@ -236,7 +237,21 @@ def load_script(client: redis.Redis, name: str) -> Script:
 
     Lua inside Redis has no `require`: a script (or a library) that calls a library function says
     so in a line `-- needs: <part>, ...` and is sent with each library's source in front of its own."""
-    return client.register_script("\n".join(_script_source(part) for part in _with_needs(name, [])))
+    parts = _with_needs(name, [])
+    for part in parts:
+        _check_protocol(part)
+    return client.register_script("\n".join(_script_source(part) for part in parts))
+
+
+def _check_protocol(part: str) -> None:
+    """Every script says the protocol whose rules it keeps (`-- protocol: <n>`, issue #35): one of another
+    protocol in this package is a packaging mistake, never run beside scripts it would break."""
+    declared = re.search(r"^-- protocol: (\d+)", _script_source(part), re.MULTILINE)
+    if declared is None or int(declared.group(1)) != SCRIPT_PROTOCOL:
+        raise ConfigurationError(
+            f"the Lua script {part!r} is of protocol {declared.group(1) if declared else 'unstated'}, not "
+            f"{SCRIPT_PROTOCOL} (lousho.formats.SCRIPT_PROTOCOL): reinstall lousho; its scripts are mixed"
+        )
 
 
 def _with_needs(name: str, parts: list[str]) -> list[str]:

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lousho.checkpoint import Checkpoint, decode_checkpoint
-from lousho.errors import CorruptCheckpointError
+from lousho.checkpoint import Checkpoint, check_schema, decode_checkpoint
+from lousho.errors import CorruptCheckpointError, NewerFormatError
 from lousho.messages import Message
 from lousho.stores.codec import PLAIN, PayloadCodec
 
@@ -84,11 +84,12 @@ def decode_record(
     if meta is None:
         return decode_checkpoint(session_id, data), None
     if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > 1:
-        raise CorruptCheckpointError(
+        raise NewerFormatError(  # not damage: handed back on the fleet for a worker that reads it (issue #35)
             session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
         )
     if not _valid_header(meta):
         raise CorruptCheckpointError(session_id, "its store header is damaged")
+    check_schema(session_id, data)  # before its transcript: a newer schema may keep it otherwise
     data["messages"] = messages_for(meta["s"])
     return decode_checkpoint(session_id, codec.open_fields(data)), meta
 

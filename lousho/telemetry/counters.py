@@ -23,8 +23,8 @@ from lousho.stores.redis_slots import on_shards
 
 __all__ = ["COUNTED", "Counted", "FleetCounters"]
 
-Counted = Literal["reaper_requeues", "lease_takeovers", "poison_results"]
-COUNTED: tuple[Counted, ...] = ("reaper_requeues", "lease_takeovers", "poison_results")
+Counted = Literal["reaper_requeues", "lease_takeovers", "poison_results", "messages_handed_back"]
+COUNTED: tuple[Counted, ...] = ("reaper_requeues", "lease_takeovers", "poison_results", "messages_handed_back")
 
 
 @dataclass(frozen=True)

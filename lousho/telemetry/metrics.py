@@ -141,6 +141,8 @@ class StoreCollector:
             "reaper_requeues": "Sessions the reaper requeued after their worker went quiet",
             "lease_takeovers": "Steps that found their lease taken over by another worker and stood down",
             "poison_results": "Tool calls given a poison result after killing their worker max_attempts times",
+            "messages_handed_back": "Step messages a worker handed back unrun: of a newer protocol, or for a session "
+            "of a newer format (issue #35)",
         }
         for name, value in FleetCounters.of(store).read().items():
             yield CounterMetricFamily(f"lousho_{name}", helps[name], value=value)

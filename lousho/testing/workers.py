@@ -76,12 +76,15 @@ def start_worker(
     concurrency: int = 1,
     ready_timeout_s: float = 60.0,
     log_dir: str | None = None,
+    python: str | None = None,
 ) -> WorkerProcess:
     """Start `celery -A <app> worker` consuming `queue` (default: the app's own, issue #15) and wait until it is
-    ready: it has published the agents it serves (`lousho.worker.registry`)."""
+    ready: it has published the agents it serves (`lousho.worker.registry`). `python`: the interpreter (default
+    this one; another venv's runs the lousho installed there, e.g. a previous release's, issue #35)."""
     worker = spawn_worker(
-        app, queue=queue, name=name, env=env, cwd=cwd, pool=pool, concurrency=concurrency, log_dir=log_dir
-    )
+        app, queue=queue, name=name, env=env, cwd=cwd, pool=pool, concurrency=concurrency, log_dir=log_dir,
+        python=python,
+    )  # fmt: skip
     _wait_ready(worker, ready_timeout_s)
     return worker
 
@@ -96,6 +99,7 @@ def spawn_worker(
     pool: str = "solo",
     concurrency: int = 1,
     log_dir: str | None = None,
+    python: str | None = None,
 ) -> WorkerProcess:
     """Start `celery -A <app> worker` consuming `queue`, without waiting for it (`WorkerProcess.ready()` says
     when it is): a caller that must stay responsive, such as the demo on Ctrl-C (issue #15), waits itself."""
@@ -103,7 +107,7 @@ def spawn_worker(
     log_path = folder / f"{name}.log"
     arguments, pool_env = pool_arguments(pool)
     command = [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "celery",
         "-A",

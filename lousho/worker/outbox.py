@@ -38,6 +38,7 @@ from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
 from lousho.fleet.dispatch import StepTask
+from lousho.fleet.protocol import PROTOCOL_HEADER, message_headers
 from lousho.fleet.settings import FleetSettings
 from lousho.stores.redis import RedisStore
 from lousho.worker.transport import decode_entry
@@ -95,6 +96,7 @@ class Outbox:
             kwargsrepr="{}", reply_to=app.thread_oid, ignore_result=None,
         )  # fmt: skip
         properties = {**properties, "argsrepr": task.argsrepr, "delivery_mode": 2}  # as send_task's options do
+        headers.update(message_headers())  # the message's protocol, as `dispatch.send` adds it (issue #35)
         if signals.before_task_publish.receivers:  # e.g. a tracer adding its context to the headers
             signals.before_task_publish.send(
                 sender=task.name, body=body, exchange="", routing_key=queue, headers=headers,
@@ -129,6 +131,8 @@ class Outbox:
             return f"{type(exc).__name__}: {exc}"
         if (headers.get("task"), headers.get("id")) != (task.name, task.task_id):
             return f"its headers name task {headers.get('task')!r} id {headers.get('id')!r}"
+        if headers.get(PROTOCOL_HEADER) != message_headers()[PROTOCOL_HEADER]:
+            return f"its protocol header is {headers.get(PROTOCOL_HEADER)!r}"
         if not (isinstance(body, list) and len(body) == 3 and body[:2] == [task.args, {}]):
             return f"its body is {body!r:.200}"
         return ""

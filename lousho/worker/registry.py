@@ -20,6 +20,7 @@ from celery import signals
 
 from lousho.errors import StoreUnavailableError
 from lousho.fleet.liveness import this_process
+from lousho.fleet.protocol import speaks
 from lousho.fleet.registry import WorkerRegistry
 from lousho.stores.redis_common import redis_errors
 from lousho.worker.runtime import FleetRuntime
@@ -48,6 +49,7 @@ class Presence:
         registry = self.registry
         now_ms = registry.server_time_ms()
         entry = {"queues": self.queues, "agents": self.agents, "expires_ms": now_ms + self.ttl_ms}
+        entry.update(speaks())  # its lousho version and the formats it speaks (issue #35)
         if self.limits["rate"] or self.limits["sessions"]:  # what the dashboard shows of the limits (issue #29)
             entry["limits"] = self.limits
         expired = [w for w, e in registry.entries().items() if w != self.worker_id and not _live(e, now_ms)]

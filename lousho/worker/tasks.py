@@ -1,21 +1,32 @@
 """The Celery tasks: thin entry points onto `SessionSteps`. Each returns a word saying what it did
-(Flower shows it); a typed error is logged and the message acked: bad input never crashes a worker."""
+(Flower shows it); a typed error is logged and the message acked: bad input never crashes a worker.
+
+A message of a newer protocol than this worker runs, or one whose session a newer lousho wrote, is handed
+back unrun for a worker that speaks it (`lousho.fleet.protocol`, issue #35)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from typing import Any
+from typing import Any, NoReturn
+
+from celery.exceptions import Reject
 
 from lousho.checkpoint import validate_session_id
 from lousho.errors import (
     AgentDriftError,
     CorruptCheckpointError,
+    NewerFormatError,
     ResumeToolMissingError,
     SDKError,
     SessionSupersededError,
+    StoreUnavailableError,
 )
+from lousho.fleet.protocol import HAND_BACK_DELAY_S, message_protocol, too_new
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_REAP, TASK_TOOL_CALL
+from lousho.formats import MESSAGE_PROTOCOL
+from lousho.telemetry.counters import FleetCounters
 from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
 from lousho.worker.tool_task import run_tool_call
@@ -31,12 +42,33 @@ log = logging.getLogger("lousho.worker")
 NEEDS_A_HUMAN = (UnknownAgentError, CorruptCheckpointError, ResumeToolMissingError, AgentDriftError)
 
 
-def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
+def hand_back(runtime: FleetRuntime, task: Any, why: str) -> NoReturn:
+    """Put the task's message back on its queue unrun, for a worker that can run it (issue #35): after
+    `HAND_BACK_DELAY_S`, so a worker alone with it does not spin; logged and counted."""
+    request = task.request
+    log.warning(
+        "lousho: handed back %s %s unrun, for a worker of a later lousho: %s (this worker runs message "
+        "protocols up to %d)", request.task or task.name, request.id, why, MESSAGE_PROTOCOL,
+    )  # fmt: skip
+    try:
+        FleetCounters.of(runtime.store).add("messages_handed_back")  # lousho_messages_handed_back_total
+    except StoreUnavailableError as exc:
+        log.warning("could not count a handed-back message: %s", exc)
+    runtime.run(asyncio.sleep(HAND_BACK_DELAY_S))
+    raise Reject(why, requeue=True)  # acks_late: the very message goes back on its queue
+
+
+def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> str:
+    protocol = message_protocol(task.request)
+    if too_new(protocol):
+        hand_back(runtime, task, f"its message is of protocol {protocol}")
     try:
         validate_session_id(session_id)
         steps = SessionSteps(runtime, session_id)
         try:
             outcome: str = runtime.run(work(steps))
+        except NewerFormatError as exc:  # a session a newer lousho wrote: not damage, never parked
+            hand_back(runtime, task, str(exc))
         except NEEDS_A_HUMAN as exc:
             steps.park(str(exc))
             raise
@@ -52,22 +84,24 @@ def _guarded(runtime: FleetRuntime, session_id: Any, work: Any) -> str:
 def register_tasks(app: Any, runtime: FleetRuntime) -> None:
     # shared=False: Celery's default hands a task to every app made later in the process, so a second
     # app (a test's, a FleetDriver's worker) would run the first app's tasks, on its runtime (issue #14).
-    @app.task(name=TASK_MODEL_TURN, shared=False)  # type: ignore[untyped-decorator]
-    def model_turn(session_id: str, turn: int) -> str:
+    # bind=True: each task reads its message's protocol header (issue #35)
+    @app.task(name=TASK_MODEL_TURN, shared=False, bind=True)  # type: ignore[untyped-decorator]
+    def model_turn(task: Any, session_id: str, turn: int) -> str:
         """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
-        return _guarded(runtime, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
+        return _guarded(runtime, task, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
 
-    @app.task(name=TASK_TOOL_CALL, shared=False)  # type: ignore[untyped-decorator]
-    def tool_call(session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0) -> str:
+    @app.task(name=TASK_TOOL_CALL, shared=False, bind=True)  # type: ignore[untyped-decorator]
+    def tool_call(task: Any, session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0) -> str:
         """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
-        return _guarded(runtime, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn)))
+        return _guarded(runtime, task, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn)))
 
-    @app.task(name=TASK_ADVANCE, shared=False)  # type: ignore[untyped-decorator]
-    def advance(session_id: str, reason: str = "") -> str:
+    @app.task(name=TASK_ADVANCE, shared=False, bind=True)  # type: ignore[untyped-decorator]
+    def advance(task: Any, session_id: str, reason: str = "") -> str:
         """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
         redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
         return _guarded(
             runtime,
+            task,
             session_id,
             lambda steps: steps.advance(redispatch=redispatch, requeue=requeue, abort=reason == "abort"),
         )

@@ -256,11 +256,14 @@ def test_corrupt_and_foreign_checkpoints_are_refused_and_left_as_they_are(chaos_
     for session, before in dumps.items():
         if session_dump(fleet.redis, fleet.prefix, session) != before:
             problems.append(f"{session}: its keys changed")
-        if session not in parked:
+        if session == "bad-newer-schema":  # a newer lousho's: its steps handed back, never parked (issue #35)
+            if session in parked:
+                problems.append(f"{session}: parked, where its steps are to wait for a worker that reads it")
+        elif session not in parked:
             problems.append(f"{session}: not parked for a human")
     problems += unexpected_failures(fleet)
     record(Row("bad input: corrupt and foreign checkpoints", len(raws) * 5, "cases", {"damaged records": len(raws)},
-               problems, time.monotonic() - started, {"parked for a human": len(parked & set(dumps)), "keys changed": 0}))  # fmt: skip
+               problems, time.monotonic() - started, {"parked for a human": len(parked & set(dumps)), "handed back": 1, "keys changed": 0}))  # fmt: skip
     assert problems == []
 
 

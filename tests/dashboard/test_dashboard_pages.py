@@ -4,6 +4,7 @@ what each page shows, decisions and forks from forms, read-only mode, the auth h
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -12,12 +13,16 @@ import pytest
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 
+import lousho
 from lousho.checkpoint import Checkpoint
 from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
 from lousho.dashboard.pages import age_text
 from lousho.dashboard.views import PAGE_ROWS
 from lousho.errors import ConfigurationError
+from lousho.fleet.protocol import speaks
+from lousho.fleet.registry import WorkerRegistry
+from lousho.formats import MESSAGE_PROTOCOL, written_formats
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
@@ -291,3 +296,20 @@ def test_the_fleet_page_names_a_session_leases_holder_by_pid_and_host(fleet_stor
     page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
     row = page[page.index('href="http://testserver/sessions/leased"') :]
     assert "<td>pid 4242 on web-7</td>" in row[: row.index("</tr>")]
+
+
+def test_the_fleet_page_shows_the_lousho_and_protocols_of_each_worker_of_a_rolling_upgrade(
+    fleet_store: tuple[Any, Any],
+) -> None:
+    """Mid-upgrade, two releases serve one queue (issue #35): a 0.1.0 worker's entry states no version."""
+    store, client = fleet_store
+    registry = WorkerRegistry(store)
+    live = {"queues": [client.settings.queue], "agents": ["planner"], "expires_ms": registry.server_time_ms() + 60_000}
+    store.client.hset(registry.key_of("old|1"), "old|1", json.dumps(live))  # as 0.1.0 publishes it
+    store.client.hset(registry.key_of("new|2"), "new|2", json.dumps({**live, **speaks()}))  # as this code does
+    page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
+    workers = page[page.index('class="workers"') : page.index('class="queues"')]
+    assert "<td>old|1</td>" in workers and "0.1.0 (unstated); messages 1</td>" in workers
+    formats = ", ".join(f"{name} {number}" for name, number in written_formats().items())
+    protocols = "1" if MESSAGE_PROTOCOL == 1 else f"1-{MESSAGE_PROTOCOL}"
+    assert f"{lousho.__version__}; messages {protocols}; {formats}</td>" in workers

@@ -58,6 +58,7 @@ EVAL = "tests/ops/test_cli_eval.py::test_eval_drift_prints_each_pairs_drift_in_t
 DBM = "tests/stores/test_stores_doc.py::test_the_mapping_store_block_runs_and_the_cli_reads_its_dbm_file"
 METRICS_PREFORK = "tests/telemetry/test_metrics_fleet.py::test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port"
 WORKER_COMMAND = "tests/ops/test_worker_command.py::"
+UPGRADING = "tests/ops/test_readme_commands.py::test_the_upgrading_docs_look_at_what_runs_block_works_as_printed"
 RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI script (path) that runs it
     # docs/fleet.md, many steps in flight per process (issue #29): run as printed, on the demo's app
     "lousho worker --app myapp.lousho_app:app": WORKER_COMMAND
@@ -70,6 +71,10 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     # its argument handling, on stand-in tools (running the suite from inside the suite would run it twice)
     "bash scripts/check --fast": "tests/test_check_script.py::test_scripts_check_runs_lint_types_and_contracts_then_the_tests_its_arguments_name",
     "lousho demo": "tests/ops/test_demo.py::test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session",
+    # docs/upgrading.md (issue #35): against a live worker of the fleet
+    "lousho --version": UPGRADING,
+    "lousho workers": UPGRADING,
+    "lousho workers --json": UPGRADING,
     "python examples/trip_planner_fork.py": "tests/test_examples.py::test_trip_planner_fork_shows_the_divergence",
     "lousho sessions --status awaiting-approval": FLEET_DOCS_CLI,
     "lousho approvals": FLEET_DOCS_CLI,

@@ -20,7 +20,9 @@ sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CO
 Redis is behind a fault proxy: the probes must see the faults' effects without suffering them),
 `LOUSHO_TEST_OUTBOX=0` (every step sent through `app.send_task`; each call counted in the hash
 `sends` by task name), `LOUSHO_TEST_FLEET_BROKER=<url>` (a broker other than the store's Redis),
-`LOUSHO_TEST_QUORUM_QUEUES=1` (`FleetSettings(quorum_queues=True)`: RabbitMQ quorum queues).
+`LOUSHO_TEST_QUORUM_QUEUES=1` (`FleetSettings(quorum_queues=True)`: RabbitMQ quorum queues),
+`LOUSHO_TEST_MESSAGE_PROTOCOL=<n>` (the worker runs and sends step messages of protocol up to n: a stand-in for
+a worker of a later release, issue #35).
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.codec import PayloadCodec
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url, create_app
+
+if os.environ.get("LOUSHO_TEST_MESSAGE_PROTOCOL"):  # a stand-in for a later release's worker (issue #35)
+    import lousho.fleet.protocol
+
+    lousho.fleet.protocol.MESSAGE_PROTOCOL = int(os.environ["LOUSHO_TEST_MESSAGE_PROTOCOL"])
 
 URL = os.environ["LOUSHO_TEST_FLEET_REDIS"]
 PREFIX = os.environ["LOUSHO_TEST_FLEET_PREFIX"]

@@ -14,7 +14,9 @@ from celery import Celery, signals
 
 from lousho import Message
 from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
+from lousho.fleet.protocol import PROTOCOL_HEADER
 from lousho.fleet.settings import celery_config
+from lousho.formats import MESSAGE_PROTOCOL
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
@@ -63,6 +65,7 @@ def test_the_outbox_pushes_the_message_celery_would_send(
     sent = json.loads(redis_client.lpop(queue))  # type: ignore[arg-type]
 
     assert unpushed(pushed) == unpushed(sent)
+    assert sent["headers"][PROTOCOL_HEADER] == MESSAGE_PROTOCOL  # both say the message's protocol (issue #35)
 
 
 def drop_the_id(headers: dict[str, Any], **_: Any) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import lousho
+from lousho.formats import written_formats
 from tests.ops.conftest import LOUSHO, ROOT, DemoFleet, cli_env, run_clean
 
 pytestmark = [pytest.mark.slow, pytest.mark.workers]
@@ -71,3 +73,15 @@ def test_the_fleet_docs_cli_block_works_as_printed(demo_fleet: DemoFleet) -> Non
     assert "chat-42" in outputs["lousho sessions --status awaiting-approval"]
     compare = next(line for line in lines if line.startswith("lousho compare "))
     assert "diverged at step" in outputs[compare]
+
+
+def test_the_upgrading_docs_look_at_what_runs_block_works_as_printed(demo_fleet: DemoFleet) -> None:
+    """docs/upgrading.md's first step (issue #35): the version here and every live worker's lousho and protocols."""
+    demo_fleet.start_worker("examples.webapp.agents:app")
+    lines = bash_block(ROOT / "docs" / "upgrading.md", "### 1. Look at what runs")
+    outputs = run_as_pasted(demo_fleet, lines)
+    assert outputs["lousho --version"].strip() == f"lousho {lousho.__version__}"
+    assert f"{lousho.__version__}; messages 1" in outputs["lousho workers"]
+    listed = json.loads(outputs["lousho workers --json"])
+    assert [(w["version"], w["agents"]) for w in listed] == [(lousho.__version__, ["booker"])]
+    assert listed[0]["formats"] == written_formats()

@@ -1,4 +1,5 @@
 #!lua flags=allow-cross-slot-keys,no-writes
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- The due entries of many in-flight index shards of one Redis Cluster node, in one call (issue #18): a reaper
 -- pass reads 16,384 shards, and a command each costs the client (redis-py) far more than the server. The
 -- shards come as arguments, all of slots the node the call is sent to serves; `allow-cross-slot-keys` (Redis

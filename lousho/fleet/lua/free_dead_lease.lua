@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Free a lease (a tool call's, or its session's) that a dead worker process holds (issue #20,
 -- lousho/fleet/liveness.py).
 -- Only if that process still holds it: a token '<host>|<pid>-<uuid>@<epoch>' that starts with its host and

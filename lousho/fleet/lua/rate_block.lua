@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A vendor answered 429 with Retry-After (issue #29): every worker waits on this limit until then, instead of
 -- each finding out with a request of its own. Only pushes the wait further, never nearer.
 -- KEYS: 1 the limit's hash

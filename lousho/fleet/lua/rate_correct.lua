@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Correct a taken request's estimated tokens with what the answer used (issue #29), in the window it was
 -- taken in; a window that ended since is left alone (its count no longer limits anyone). Never below 0.
 -- KEYS: 1 the limit's hash

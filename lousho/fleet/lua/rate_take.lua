@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Take one request and `tokens` estimated tokens from a fleet-wide rate limit (issue #29,
 -- lousho/fleet/limits.py). Windows of `window_ms` follow each other: a window starts with the first request
 -- after the previous one ended. A request that does not fit waits until the window ends; so does every

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Take (or refresh) a session's slot among its agent's sessions in flight (issue #29, lousho/fleet/limits.py).
 -- Slots whose expiry passed (a dead worker's session, one idle past the slot's TTL) come back first. A session
 -- that holds one keeps it. Free slots go to waiting sessions in the order they first waited (a session arriving

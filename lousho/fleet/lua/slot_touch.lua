@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Push a held slot's expiry (issue #29): a heartbeat of the session's work. A slot given back or expired is
 -- not taken again here: only a model turn takes one (slot_take.lua).
 -- KEYS: 1 the agent's slots

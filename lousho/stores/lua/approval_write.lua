@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Write one approval snapshot if it is still what the caller read (RedisApprovalStore.rewrite): a compare and
 -- set, so that the write can be followed by WAIT on the same connection when replicas must confirm it (issue #18;
 -- a WATCH transaction hands its connection back before a WAIT could follow). The snapshot is encoded by the

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Read a session's history ring and the messages its entries refer to, consistently (RedisStore).
 --
 -- KEYS: 1 history ring, 2 messages list; ARGV: 1 how many entries (newest first; -1 = all)

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Read one session's latest checkpoint in one round trip (RedisStore.load): see read_checkpoint.lua.
 --
 -- needs: read_checkpoint

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- RedisStore.prune() of one session, atomic with its saves (issue #16).
 --
 -- KEYS: 1 head, 2 messages list, 3 history ring, 4.. the fleet's keys of the session (RedisKeys.run_keys),

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A tool call's first round trip: read the checkpoint, the session's abort flag and epoch; then,
 -- unless the call's result is committed already, take the call's lease and count this start
 -- (poison detection), atomically, so no second copy starts between the look and the lease. The

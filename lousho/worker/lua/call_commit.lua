@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- After a tool call ran: commit its result (the first writer wins), release the call's lease,
 -- then try the session's lease to fold the result in (begin_step), all in one round trip. Only
 -- while the session is still the incarnation the call ran for (epoch.lua): otherwise nothing.

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A step's last round trip when its last save is done already (or it saved nothing): end_step.lua.
 --
 -- needs: lousho.worker:end_step

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A tool call's result when its turn waits for nothing else: commit it, release the call's lease,
 -- take the session's lease, save the checkpoint with the result recorded and end the step, in one
 -- round trip (issue #9). The fold was made from the checkpoint read before the call ran: if the

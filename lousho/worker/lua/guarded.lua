@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- One write of a step's outside its first and last scripts, made only while the session is still
 -- the incarnation the step read (epoch.lua, issue #21): a committed result (a preset result, a
 -- rejection, 'cancelled'), a counted start, a parked mark.

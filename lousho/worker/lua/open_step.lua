@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- Take a session's lease, count the start of its model turn, and read the checkpoint, the
 -- committed results, the parked and abort marks and the session's epoch: a step's first round
 -- trip (SessionSteps).

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A step's last save and its end in one round trip (RedisCheckpointStore.save(and_then=...)): the
 -- checkpoint is saved, fenced on the session's lease, and only if it was, end_step.lua runs.
 --

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- read_checkpoint(cp, msgs, known): one session's latest checkpoint, read consistently (RedisStore).
 -- A library: load.lua calls it, and so do the worker's scripts that take a lease and read the
 -- checkpoint in the same round trip (lousho/worker/lua/open_step.lua).

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- save_checkpoint(): save one checkpoint of one session, all or nothing (RedisStore). A library:
 -- save.lua calls it, and so does the worker's save_end.lua, which passes more KEYS and ARGV after
 -- these (its own part runs only when the save did).

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- segments_problem(segs, list_length): what is wrong with a store header's segments (each
 -- {start, count} of the session's messages list), or nil. A library: read_checkpoint.lua and
 -- save_checkpoint.lua check a head with it before they trust it.

@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A session's TTL over every key of the session (RedisStore(ttl_s=...), issue #16). A library:
 -- save_checkpoint.lua gives it at every save, and the fleet's scripts that create a session key
 -- between saves (lousho/worker/lua/lib/begin_step.lua, end_step.lua) give it the head's.

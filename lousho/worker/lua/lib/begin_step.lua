@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- begin_step(k, token, ttl_ms, session, attempt_field, known): take a session's lease
 -- and read what a step needs, in the same round trip. A library: open_step.lua and
 -- call_commit.lua call it.

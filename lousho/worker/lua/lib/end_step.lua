@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- end_step(k, token, epoch, clear, calls, redispatch, next_message): a step's last writes. Mark the
 -- tool calls about to be sent (their fields in the dispatched hash), drop a completed turn's fleet
 -- state, release the session's lease (only if still ours: never another holder's), and push the

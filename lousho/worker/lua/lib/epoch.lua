@@ -1,3 +1,4 @@
+-- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
 -- A session's incarnation (issue #21): an epoch set when the session is created and read, with the
 -- checkpoint, by every step's first script. Every later write of that step checks it is still the
 -- session's: work of an earlier incarnation (a session deleted and enqueued again under the same
