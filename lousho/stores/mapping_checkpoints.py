@@ -38,7 +38,7 @@ from lousho.stores.segments import (
     Known,
     SessionCache,
     Transcript,
-    encode_record,
+    encode_records,
     extend_segments,
     plan_save,
     split_record,
@@ -92,12 +92,19 @@ class MappingCheckpointStore:
                 self._data[keys.message(session_id, base + offset)] = text
             saved_at = datetime.now(UTC)
             segments = extend_segments(segments, base, len(texts))
-            record = encode_record(
-                checkpoint, writer, segments, codec=self._codec, n=base + len(texts), t=_ms(saved_at)
+            record, entry_record = encode_records(
+                checkpoint,
+                writer,
+                segments,
+                codec=self._codec,
+                session_id=session_id,
+                n=base + len(texts),
+                t=_ms(saved_at),
             )
             self._data[keys.head(session_id)] = record
             if self.history_limit > 0:
-                entry = '{"saved_at": ' + json.dumps(saved_at.isoformat()) + ', "checkpoint": ' + record + "}"
+                saved = json.dumps(saved_at.isoformat())
+                entry = '{"saved_at": ' + saved + ', "checkpoint": ' + entry_record + "}"
                 self._data[keys.history(session_id)] = "\n".join([entry, *lines][: self.history_limit])
             self._data.sync()
         self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
@@ -119,10 +126,14 @@ class MappingCheckpointStore:
             raw = self._data.get(self._keys.head(session_id))
             if raw is None:
                 return None
-            fields, head = _split(session_id, raw, self._codec)
-            if head is not None:
-                fields["messages"] = self._transcript(session_id, [head]).take(head.segments)
-        checkpoint = decode_checkpoint(session_id, fields)
+            try:
+                fields, head = _split(session_id, raw, self._codec)
+                if head is not None:
+                    fields["messages"] = self._transcript(session_id, [head]).take(head.segments)
+                checkpoint = decode_checkpoint(session_id, fields)
+            except SDKError:  # issue #31: a save never builds on what this process last read of it
+                self._cache.drop(session_id)
+                raise
         if head is not None:
             self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
         return checkpoint
@@ -263,11 +274,13 @@ class MappingCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _split(session_id: str, raw: str, codec: PayloadCodec | None = None) -> tuple[Any, Head | None]:
+def _split(
+    session_id: str, raw: str, codec: PayloadCodec | None = None, *, history: bool = False
+) -> tuple[Any, Head | None]:
     """A stored head's fields (messages empty when it names them) and header; a header that does not
     account for the messages it names raises `CorruptCheckpointError`. `codec` opens its sealed part
     (None: left sealed, for a caller after the version or status alone)."""
-    fields, head = split_record(session_id, raw, codec)
+    fields, head = split_record(session_id, raw, codec, history=history)
     if head is not None:
         if not isinstance(head.extra.get("n"), int) or head.end > head.extra["n"]:
             raise CorruptCheckpointError(session_id, "its store header is damaged")
@@ -284,7 +297,7 @@ def _entries(
     for line in lines:
         try:
             entry = json.loads(line)
-            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"], codec)))
+            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"], codec, history=True)))
         except PayloadKeyError:
             raise
         except (ValueError, KeyError, TypeError, SDKError):
