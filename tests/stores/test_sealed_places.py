@@ -127,14 +127,15 @@ def refused_and_unchanged(
     answers from the transcript it holds (what it wrote, never the planted value: asserted), without decoding
     the list; every other reader opens the list and refuses it (docs/stores.md, the threat model)."""
     before = opened.raw.dump()
-    caught = None
+    caught: Any = None
     stores = [opened.store, opened.reopen()]
     if isinstance(opened.store, RedisStore) and part.startswith("message"):
         assert opened.store.checkpoints.load(session) == latest
         stores = stores[1:]
     for store in stores:
-        with pytest.raises(error) as caught:
+        with pytest.raises(error) as raised:
             store.checkpoints.load(session)
+        caught = raised
         assert caught.value.part == part and f"'{session}'" in str(caught.value)
         if error is SealedValueMismatchError:
             assert caught.value.key_id == "k1" and "'k1'" in str(caught.value)
@@ -202,7 +203,7 @@ def test_an_edited_plain_head_field_is_detected(opened: Opened, field: str, valu
     alice = run("alice", "alice's note")
     save_all(opened.store, alice)
     head = json.loads(opened.raw.head("alice"))
-    assert SEALED in head and field in head or field == "approval_id"
+    assert SEALED in head and (field in head or field == "approval_id")
     head[field] = value
     opened.raw.set_head("alice", json.dumps(head, separators=(",", ":")))
     refused_and_unchanged(opened, "alice", SealedValueMismatchError, "head", latest=alice[-1])
