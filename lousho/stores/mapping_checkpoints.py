@@ -33,6 +33,7 @@ from lousho.store_bundle import Pruned, cutoff_of
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.mapping_keys import MappingKeys, TextMapping
+from lousho.stores.reseal import reseal_records
 from lousho.stores.segments import (
     Head,
     Known,
@@ -258,6 +259,31 @@ class MappingCheckpointStore:
             if self._keys.head(session_id) not in self._data:
                 self._drop_messages(session_id, end)
         return len(lines) - len(kept)
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`); how many values. A value the codec cannot read raises, nothing written."""
+        with self._lock:
+            head = self._data.get(self._keys.head(session_id))
+            entries = [json.loads(line) for line in self._lines(session_id)]
+            records = ([(head, False)] if head is not None else []) + [(e["checkpoint"], True) for e in entries]
+            heads = [split_record(session_id, raw, None)[1] for raw, _ in records]
+            transcript = self._transcript(session_id, [h for h in heads if h is not None])
+            resealed = reseal_records(session_id, self._codec, records, transcript.rows)
+            new = iter(resealed.records)
+            for position, text in resealed.messages.items():
+                self._data[self._keys.message(session_id, position)] = text
+            if head is not None:
+                self._data[self._keys.head(session_id)] = next(new)
+            if entries:
+                lines = [
+                    '{"saved_at": ' + json.dumps(e["saved_at"]) + ', "checkpoint": ' + record + "}"
+                    for e, record in zip(entries, new, strict=True)
+                ]
+                self._data[self._keys.history(session_id)] = "\n".join(lines)
+            self._data.sync()
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
 
     # -- raw records (tests) ---------------------------------------------------------------
 

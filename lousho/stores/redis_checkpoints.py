@@ -53,6 +53,7 @@ from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
+from lousho.stores.reseal import reseal_redis_records
 from lousho.stores.segments import Known, SessionCache, common_prefix, new_writer_id
 
 __all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
@@ -409,6 +410,36 @@ class RedisCheckpointStore:
 
         stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
         return read_each(stored_heads, matching, what="session")
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`), in one MULTI/EXEC on the session's keys (WATCHed: a save in between
+        makes it read again); how many values. A value the codec cannot read raises, nothing written."""
+        head_key, messages_key, history_key = self.keys.session_keys(session_id)
+        with redis_errors(self.client, f"re-seal session {session_id!r}"), self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(head_key, messages_key, history_key)  # type: ignore[no-untyped-call]
+                    head = cast(bytes | None, pipe.get(head_key))
+                    entries = cast(list[bytes], pipe.lrange(history_key, 0, -1))
+                    listed = cast(list[bytes], pipe.lrange(messages_key, 0, -1))
+                    records: list[tuple[str | bytes, bool]] = [(head, False)] if head is not None else []
+                    records += [(e, True) for e in entries]
+                    resealed = reseal_redis_records(session_id, self.codec, records, listed)
+                    new = iter(resealed.records)
+                    pipe.multi()
+                    for position, data in resealed.messages.items():
+                        pipe.lset(messages_key, position, data)
+                    if head is not None:
+                        pipe.set(head_key, next(new), keepttl=True)
+                    for index, data in enumerate(new):
+                        pipe.lset(history_key, index, data)
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    continue
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
 
     def put_raw(self, session_id: str, raw: str | bytes) -> None:
         """Store a raw value as the latest head (tests of corrupt and foreign records)."""

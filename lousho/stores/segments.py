@@ -178,6 +178,13 @@ class Transcript:
         self._codec = codec
         self._parsed: dict[tuple[int, int], Message] = {}
 
+    @property
+    def rows(self) -> dict[int, str | bytes]:
+        """The stored text of each message by position, as stored."""
+        if isinstance(self._rows, Mapping):
+            return dict(self._rows)
+        return dict(enumerate(self._rows))
+
     def _raw(self, position: int, index: int) -> str | bytes | None:
         """The stored message at `position`, decoded as the `index`-th of the transcript (its place, #31)."""
         if isinstance(self._rows, Mapping):

@@ -34,6 +34,7 @@ from lousho.errors import CheckpointConflictError, CorruptCheckpointError, Paylo
 from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing
+from lousho.stores.reseal import reseal_records
 from lousho.stores.segments import (
     Head,
     Known,
@@ -248,6 +249,33 @@ class SqlCheckpointStore:
         for session_id in touched:
             self._cache.drop(session_id)
         return Pruned(checkpoints=removed.rowcount, history=dropped.rowcount)
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`), in one transaction; how many values. A value the codec cannot read
+        raises and nothing is written."""
+        table, history, messages = self._db.checkpoints, self._db.history, self._db.messages
+        with self._db.write() as conn:
+            head = conn.execute(
+                sa.select(table.c.data).where(table.c.session_id == session_id).with_for_update()
+            ).scalar()
+            entries = list(
+                conn.execute(sa.select(history.c.id, history.c.data).where(history.c.session_id == session_id))
+            )
+            query = sa.select(messages.c.seq, messages.c.data).where(messages.c.session_id == session_id)
+            rows = {int(seq): str(data) for seq, data in conn.execute(query)}
+            records = ([(head, False)] if head is not None else []) + [(data, True) for _, data in entries]
+            resealed = reseal_records(session_id, self._codec, records, rows)
+            new = iter(resealed.records)
+            if head is not None:
+                conn.execute(table.update().where(table.c.session_id == session_id).values(data=next(new)))
+            for (entry_id, _), data in zip(entries, new, strict=True):
+                conn.execute(history.update().where(history.c.id == entry_id).values(data=data))
+            for seq, data in resealed.messages.items():
+                where = sa.and_(messages.c.session_id == session_id, messages.c.seq == seq)
+                conn.execute(messages.update().where(where).values(data=data))
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
 
     def get_raw(self, session_id: str) -> str | None:
         """The stored text of the latest checkpoint, as it is (for inspection and tests)."""
