@@ -328,13 +328,14 @@ def dashboard(
 
 
 def _register() -> None:
-    from lousho import cli_eval, cli_jobs, cli_metrics, cli_sessions
+    from lousho import cli_eval, cli_jobs, cli_metrics, cli_reseal, cli_sessions
 
     cli_jobs.register(app)
     cli_jobs.register_workers(app)  # `lousho workers`: who runs which lousho (issue #35)
     cli_sessions.register(app)
     cli_eval.register(app)  # `lousho eval --drift A B` (issue #16)
     cli_metrics.register(app)  # `lousho metrics`: the fleet's /metrics on a host (issue #19)
+    cli_reseal.register(app)  # `lousho reseal`: values sealed again under the current key (issue #31)
 
 
 _register()

@@ -25,17 +25,20 @@ __all__ = [
     "NewerFormatError",
     "PayloadDecodeError",
     "PayloadKeyError",
+    "PayloadTooLargeError",
     "PropagatingToolError",
     "ProviderError",
     "ResumeToolMissingError",
     "SDKError",
     "SaveNotReplicatedError",
+    "SealedValueMismatchError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
     "SessionNotFoundError",
     "SessionSupersededError",
     "StoreAuthenticationError",
     "StoreUnavailableError",
+    "UnsealedValueError",
 ]
 
 
@@ -159,6 +162,42 @@ class NewerFormatError(CorruptCheckpointError):
         )
         self.session_id = session_id
         self.problem = problem
+
+
+class SealedValueMismatchError(PayloadKeyError):
+    """An encrypted value that does not open at the place it was read from (issue #31): its associated data
+    binds it to the store, the session, the part (head, message n, history entry, approval, result) and the
+    key id, so a value moved, swapped or replayed from another session or position fails here, as does an
+    altered one or a wrong key under the right id. Nothing is written after it; the stored value stays."""
+
+    code = "LOUSHO_SEALED_VALUE_MISMATCH"
+
+    def __init__(self, message: str, *, key_id: str, part: str, session_id: str) -> None:
+        super().__init__(message)
+        self.key_id = key_id
+        self.part = part
+        self.session_id = session_id
+
+
+class UnsealedValueError(PayloadKeyError):
+    """A value that is not sealed to its place under a key, read by a store that has keys (issue #31): plain
+    JSON, compressed only, or encrypted by lousho 0.1 (no place in its associated data). Anyone with write
+    access to the store could have written it, so it is refused, unless the store is opened with
+    `read_unsealed=True` (`LOUSHO_PAYLOAD_READ_UNSEALED=1`) to migrate old data: `lousho reseal --all`."""
+
+    code = "LOUSHO_UNSEALED_VALUE"
+
+    def __init__(self, message: str, *, part: str, session_id: str) -> None:
+        super().__init__(message)
+        self.part = part
+        self.session_id = session_id
+
+
+class PayloadTooLargeError(PayloadDecodeError):
+    """A compressed value that inflates past the codec's `max_payload_bytes` (issue #31: a small stored
+    value must not fill the memory of every process that reads it). Nothing is changed."""
+
+    code = "LOUSHO_PAYLOAD_TOO_LARGE"
 
 
 class CorruptApprovalError(SDKError):

@@ -47,7 +47,7 @@ class FileStore(SessionsOfCheckpoints):
     ) -> None:
         folder = Folder(dir)
         self.dir = folder.root
-        self.codec = codec
+        self.codec = codec = codec.for_store("file")  # issue #31: a folder may be moved, so not its path
         self.checkpoints = FileCheckpointStore(folder, history_limit=history_limit, codec=codec)
         self.approvals = FileApprovalStore(folder, codec=codec)
 

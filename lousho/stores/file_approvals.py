@@ -15,7 +15,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, approval_place
 from lousho.stores.file_folder import Folder, atomic_write, file_name, read_file
 from lousho.stores.listing import Listing, read_each, waiting
 
@@ -31,10 +31,10 @@ class FileApprovalStore:
         self._codec = codec
 
     def _encode(self, snapshot: ApprovalSnapshot) -> bytes:
-        return self._codec.encode_text(snapshot.model_dump_json()).encode()
+        return self._codec.encode_text(snapshot.model_dump_json(), approval_place(snapshot.id)).encode()
 
     def _decode(self, approval_id: str, raw: str | bytes) -> ApprovalSnapshot:
-        return decode_snapshot(approval_id, self._codec.decode_text(raw))
+        return decode_snapshot(approval_id, self._codec.decode_text(raw, approval_place(approval_id)))
 
     def _path(self, approval_id: str) -> Path:
         return self._folder.approvals / f"{file_name(approval_id)}.json"

@@ -42,7 +42,7 @@ from lousho.stores.segments import (
     Known,
     SessionCache,
     Transcript,
-    encode_record,
+    encode_records,
     extend_segments,
     plan_save,
     split_record,
@@ -118,10 +118,12 @@ class FileCheckpointStore:
         )
         lines, size = append_lines(session_id, self._messages_path(name), extent, texts)
         segments = extend_segments(segments, extent[0], len(texts))
-        record = encode_record(checkpoint, writer, segments, codec=self._codec, n=lines, b=size)
+        record, entry_record = encode_records(
+            checkpoint, writer, segments, codec=self._codec, session_id=session_id, n=lines, b=size
+        )
         atomic_write(self._path(name), record.encode())
         if self.history_limit > 0:
-            entry = '{"saved_at": ' + json.dumps(utc_now()) + ', "checkpoint": ' + record + "}"
+            entry = '{"saved_at": ' + json.dumps(utc_now()) + ', "checkpoint": ' + entry_record + "}"
             self._write_lines(name, [entry.encode(), *entries][: self.history_limit])
 
     def _check_stored(self, session_id: str, raw: bytes | None, checkpoint: Checkpoint) -> Head | None:
@@ -140,7 +142,15 @@ class FileCheckpointStore:
     # -- load ------------------------------------------------------------------------------
 
     def load(self, session_id: str) -> Checkpoint | None:
-        """The latest checkpoint, or None for an unknown session; a damaged one raises and stays."""
+        """The latest checkpoint, or None for an unknown session; a damaged one raises and stays (and the
+        cache forgets the session: a save then reads what is stored, issue #31)."""
+        try:
+            return self._load(session_id)
+        except SDKError:
+            self._cache.drop(session_id)
+            raise
+
+    def _load(self, session_id: str) -> Checkpoint | None:
         name = file_name(session_id)
         with self._folder.shared(f"cp-{name}"), self._folder.translate():
             raw = read_file(self._path(name))
@@ -215,7 +225,10 @@ class FileCheckpointStore:
             for entry in self._entries(name)[:limit]:
                 try:
                     records.append(
-                        (str(entry["saved_at"]), *split_record(session_id, entry["checkpoint"], self._codec))
+                        (
+                            str(entry["saved_at"]),
+                            *split_record(session_id, entry["checkpoint"], self._codec, history=True),
+                        )
                     )
                 except PayloadKeyError:  # the store lacks a key: an error to fix, not an entry to skip (issue #17)
                     raise

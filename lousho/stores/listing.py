@@ -14,7 +14,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Generic, TypeVar
 
 from lousho.approvals import ApprovalSnapshot
-from lousho.errors import CorruptApprovalError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError
+from lousho.errors import (
+    CorruptApprovalError,
+    CorruptCheckpointError,
+    PayloadDecodeError,
+    PayloadKeyError,
+    SealedValueMismatchError,
+    UnsealedValueError,
+)
 
 __all__ = ["Listing", "read_each", "waiting"]
 
@@ -43,8 +50,9 @@ class Listing(list[T], Generic[T]):
 def read_each(records: Iterable[tuple[str, R]], read: Callable[[str, R], T | None], *, what: str) -> Listing[T]:
     """`read(id, raw)` of every record, in order; None leaves a record out (it does not match).
 
-    A record `read` finds damaged (`CorruptApprovalError`, `CorruptCheckpointError`, `PayloadDecodeError`) is
-    skipped and named; any other error (a store that is down, a payload key it lacks) is raised, as a
+    A record `read` finds damaged (`CorruptApprovalError`, `CorruptCheckpointError`, `PayloadDecodeError`),
+    or one that is not sealed to its place under the store's key (issue #31: planted, moved, or not migrated),
+    is skipped and named; any other error (a store that is down, a payload key id it lacks) is raised, as a
     listing that cannot be made at all.
     `what` names the kind of record in the warning ('approval', 'session')."""
     found: list[T] = []
@@ -52,6 +60,9 @@ def read_each(records: Iterable[tuple[str, R]], read: Callable[[str, R], T | Non
     for record_id, raw in records:
         try:
             value = read(record_id, raw)
+        except (SealedValueMismatchError, UnsealedValueError) as exc:  # this record's, not the store's
+            skipped[record_id] = str(exc)
+            continue
         except PayloadKeyError:  # the store lacks a key: every record of it would fail; say so (issue #17)
             raise
         except (CorruptApprovalError, CorruptCheckpointError, PayloadDecodeError) as exc:

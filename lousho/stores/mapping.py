@@ -66,7 +66,7 @@ class MappingStore(SessionsOfCheckpoints):
         self.prefix = prefix
         self._owns = owns
         text, keys, lock = TextMapping(mapping), MappingKeys(prefix), threading.RLock()
-        self.codec = codec
+        self.codec = codec = codec.for_store(f"mapping:{prefix}")  # issue #31: bound to the store's prefix
         self.checkpoints = MappingCheckpointStore(text, keys=keys, lock=lock, history_limit=history_limit, codec=codec)
         self.approvals = MappingApprovalStore(Prefixed(text, keys.approvals), lock=lock, codec=codec)
 

@@ -33,12 +33,13 @@ from lousho.store_bundle import Pruned, cutoff_of
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.mapping_keys import MappingKeys, TextMapping
+from lousho.stores.reseal import reseal_records
 from lousho.stores.segments import (
     Head,
     Known,
     SessionCache,
     Transcript,
-    encode_record,
+    encode_records,
     extend_segments,
     plan_save,
     split_record,
@@ -92,12 +93,19 @@ class MappingCheckpointStore:
                 self._data[keys.message(session_id, base + offset)] = text
             saved_at = datetime.now(UTC)
             segments = extend_segments(segments, base, len(texts))
-            record = encode_record(
-                checkpoint, writer, segments, codec=self._codec, n=base + len(texts), t=_ms(saved_at)
+            record, entry_record = encode_records(
+                checkpoint,
+                writer,
+                segments,
+                codec=self._codec,
+                session_id=session_id,
+                n=base + len(texts),
+                t=_ms(saved_at),
             )
             self._data[keys.head(session_id)] = record
             if self.history_limit > 0:
-                entry = '{"saved_at": ' + json.dumps(saved_at.isoformat()) + ', "checkpoint": ' + record + "}"
+                saved = json.dumps(saved_at.isoformat())
+                entry = '{"saved_at": ' + saved + ', "checkpoint": ' + entry_record + "}"
                 self._data[keys.history(session_id)] = "\n".join([entry, *lines][: self.history_limit])
             self._data.sync()
         self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
@@ -119,10 +127,14 @@ class MappingCheckpointStore:
             raw = self._data.get(self._keys.head(session_id))
             if raw is None:
                 return None
-            fields, head = _split(session_id, raw, self._codec)
-            if head is not None:
-                fields["messages"] = self._transcript(session_id, [head]).take(head.segments)
-        checkpoint = decode_checkpoint(session_id, fields)
+            try:
+                fields, head = _split(session_id, raw, self._codec)
+                if head is not None:
+                    fields["messages"] = self._transcript(session_id, [head]).take(head.segments)
+                checkpoint = decode_checkpoint(session_id, fields)
+            except SDKError:  # issue #31: a save never builds on what this process last read of it
+                self._cache.drop(session_id)
+                raise
         if head is not None:
             self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
         return checkpoint
@@ -248,6 +260,31 @@ class MappingCheckpointStore:
                 self._drop_messages(session_id, end)
         return len(lines) - len(kept)
 
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`); how many values. A value the codec cannot read raises, nothing written."""
+        with self._lock:
+            head = self._data.get(self._keys.head(session_id))
+            entries = [json.loads(line) for line in self._lines(session_id)]
+            records = ([(head, False)] if head is not None else []) + [(e["checkpoint"], True) for e in entries]
+            heads = [split_record(session_id, raw, None)[1] for raw, _ in records]
+            transcript = self._transcript(session_id, [h for h in heads if h is not None])
+            resealed = reseal_records(session_id, self._codec, records, transcript.rows)
+            new = iter(resealed.records)
+            for position, text in resealed.messages.items():
+                self._data[self._keys.message(session_id, position)] = text
+            if head is not None:
+                self._data[self._keys.head(session_id)] = next(new)
+            if entries:
+                lines = [
+                    '{"saved_at": ' + json.dumps(e["saved_at"]) + ', "checkpoint": ' + record + "}"
+                    for e, record in zip(entries, new, strict=True)
+                ]
+                self._data[self._keys.history(session_id)] = "\n".join(lines)
+            self._data.sync()
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
+
     # -- raw records (tests) ---------------------------------------------------------------
 
     def get_raw(self, session_id: str) -> Any:
@@ -263,11 +300,13 @@ class MappingCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _split(session_id: str, raw: str, codec: PayloadCodec | None = None) -> tuple[Any, Head | None]:
+def _split(
+    session_id: str, raw: str, codec: PayloadCodec | None = None, *, history: bool = False
+) -> tuple[Any, Head | None]:
     """A stored head's fields (messages empty when it names them) and header; a header that does not
     account for the messages it names raises `CorruptCheckpointError`. `codec` opens its sealed part
     (None: left sealed, for a caller after the version or status alone)."""
-    fields, head = split_record(session_id, raw, codec)
+    fields, head = split_record(session_id, raw, codec, history=history)
     if head is not None:
         if not isinstance(head.extra.get("n"), int) or head.end > head.extra["n"]:
             raise CorruptCheckpointError(session_id, "its store header is damaged")
@@ -284,7 +323,7 @@ def _entries(
     for line in lines:
         try:
             entry = json.loads(line)
-            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"], codec)))
+            found.append((str(entry["saved_at"]), split_record(session_id, entry["checkpoint"], codec, history=True)))
         except PayloadKeyError:
             raise
         except (ValueError, KeyError, TypeError, SDKError):

@@ -30,7 +30,7 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_ch
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptCheckpointError
 from lousho.messages import Message
 from lousho.store_bundle import Pruned, SessionsOfCheckpoints, cutoff_of
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, approval_place
 from lousho.stores.listing import Listing, read_each, waiting
 
 if TYPE_CHECKING:
@@ -48,18 +48,23 @@ class _Record:
     """The session's append-only transcript, shared by its records (messages are frozen)."""
     count: int
 
-    def checkpoint(self, session_id: str, codec: PayloadCodec = PLAIN) -> Checkpoint:
-        head = _decode_head(session_id, self.head, codec)
+    def checkpoint(self, session_id: str, codec: PayloadCodec = PLAIN, *, history: bool = False) -> Checkpoint:
+        head = _decode_head(session_id, self.head, codec, history=history, count=self.count)
         return head.model_copy(update={"messages": self.transcript[: self.count]})
 
 
-def _decode_head(session_id: str, raw: str, codec: PayloadCodec) -> Checkpoint:
-    """A stored head, its sealed part opened by `codec` (issue #17); not JSON is left to `decode_checkpoint`."""
+def _decode_head(
+    session_id: str, raw: str, codec: PayloadCodec, *, history: bool = False, count: int | None = None
+) -> Checkpoint:
+    """A stored head, its sealed part opened by `codec` (issue #17) as the session's head or a history entry
+    of `count` messages (issue #31); not JSON is left to `decode_checkpoint`."""
     try:
         fields = json.loads(raw)
     except ValueError:
         return decode_checkpoint(session_id, raw)
-    return decode_checkpoint(session_id, codec.open_fields(fields) if isinstance(fields, dict) else fields)
+    if not isinstance(fields, dict):
+        return decode_checkpoint(session_id, fields)
+    return decode_checkpoint(session_id, codec.open_fields(fields, session_id, history=history, count=count))
 
 
 def _transcript_for(previous: _Record | str | None, messages: list[Message]) -> list[Message]:
@@ -89,7 +94,7 @@ class MemoryCheckpointStore:
     def __init__(self, *, history_limit: int = 50, codec: PayloadCodec = PLAIN) -> None:
         """`codec`: seals the heads' secret fields (issue #17); the messages stay objects of this process."""
         self.history_limit = history_limit
-        self.codec = codec
+        self.codec = codec.for_store("memory")
         self._latest: dict[str, _Record | str] = {}
         self._versions: dict[str, int] = {}
         self._history: dict[str, deque[tuple[str, _Record]]] = {}
@@ -98,7 +103,8 @@ class MemoryCheckpointStore:
         self._lock = threading.Lock()
 
     def save(self, session_id: str, checkpoint: Checkpoint) -> None:
-        head = self.codec.seal_head(checkpoint)
+        bodies = self.codec.seal_record(checkpoint, session_id, history=self.history_limit > 0)
+        head, entry = bodies[0], bodies[-1]
         with self._lock:
             check_version(session_id, self._versions.get(session_id), checkpoint)
             transcript = _transcript_for(self._latest.get(session_id), checkpoint.messages)
@@ -108,7 +114,7 @@ class MemoryCheckpointStore:
             saved_at = self._saved_at[session_id] = datetime.fromisoformat(utc_now())
             if self.history_limit > 0:
                 ring = self._history.setdefault(session_id, deque(maxlen=self.history_limit))
-                ring.appendleft((saved_at.isoformat(), record))
+                ring.appendleft((saved_at.isoformat(), _Record(entry, transcript, record.count)))
 
     def load(self, session_id: str) -> Checkpoint | None:
         stored = self._latest.get(session_id)
@@ -129,7 +135,7 @@ class MemoryCheckpointStore:
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
         result = []
         for saved_at, record in list(self._history.get(session_id, ()))[:limit]:
-            checkpoint = record.checkpoint(session_id, self.codec)
+            checkpoint = record.checkpoint(session_id, self.codec, history=True)
             result.append(
                 HistoryEntry(
                     step=checkpoint.step_index, saved_at=saved_at, status=checkpoint.status, checkpoint=checkpoint
@@ -203,10 +209,10 @@ class MemoryApprovalStore:
         self._codec = codec
 
     def _encode(self, snapshot: ApprovalSnapshot) -> str:
-        return self._codec.encode_text(snapshot.model_dump_json())
+        return self._codec.encode_text(snapshot.model_dump_json(), approval_place(snapshot.id))
 
     def _decode(self, approval_id: str, raw: str) -> ApprovalSnapshot:
-        return decode_snapshot(approval_id, self._codec.decode_text(raw))
+        return decode_snapshot(approval_id, self._codec.decode_text(raw, approval_place(approval_id)))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         with self._lock:

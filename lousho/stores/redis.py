@@ -102,6 +102,7 @@ class RedisStore(SessionsOfCheckpoints):
                 "a RedisStore with a payload codec needs a client that returns bytes: encoded values are binary; "
                 "pass a redis.Redis made without decode_responses=True (issue #17)"
             )
+        codec = codec.for_store(f"redis:{prefix}")  # issue #31: values are bound to the store's prefix
         self.keys = RedisKeys(prefix, per_slot=is_cluster(self.client))
         if self.keys.per_slot:
             keep_slot_map_sound(self.client)

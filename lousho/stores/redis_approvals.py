@@ -27,7 +27,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, approval_place
 from lousho.stores.listing import Listing, read_each, waiting
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
@@ -59,7 +59,7 @@ class RedisApprovalStore:
         self._write = load_script(client, "approval_write")
 
     def _decode(self, approval_id: str, raw: bytes | str) -> ApprovalSnapshot:
-        return decode_snapshot(approval_id, self.codec.decode_text(raw))
+        return decode_snapshot(approval_id, self.codec.decode_text(raw, approval_place(approval_id)))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         """Create or replace the snapshot, and its place in the pending index, in one script call."""
@@ -180,7 +180,7 @@ class RedisApprovalStore:
     def _write_args(self, snapshot: ApprovalSnapshot) -> list[Any]:
         """ARGV 3-7 of lua/approval_write.lua for `snapshot`."""
         pending = snapshot.status == "pending"
-        encoded = self.codec.encode_json(snapshot.model_dump_json())
+        encoded = self.codec.encode_json(snapshot.model_dump_json(), approval_place(snapshot.id))
         return [encoded, self.ttl_ms, "1" if pending else "0", snapshot.id, _created_ms(snapshot)]
 
 

@@ -47,12 +47,13 @@ import redis
 from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError, SDKError
+from lousho.stores.codec import PLAIN, PayloadCodec, message_place
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
 from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
+from lousho.stores.reseal import reseal_redis_records
 from lousho.stores.segments import Known, SessionCache, common_prefix, new_writer_id
 
 __all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
@@ -65,7 +66,7 @@ class AndThen:
     Its source calls `save_checkpoint()` first (`-- needs: save_checkpoint`), then does its own part
     only when the save answered 'ok' or 'done', and replies `{save reply}` or `{save reply, its own}`.
     It gets the save's KEYS (with the fence key at 5) and ARGV, then `keys` and `args`; the save's
-    ARGV[11] says how many messages follow, so its own ARGV start at 12 + that count. It may also
+    ARGV[11] says how many messages follow its ARGV[12], so its own ARGV start at 13 + that count. It may also
     decide not to save, before writing anything of the save's: it replies `{{'skipped', why}}` and
     `save` raises `SaveSkipped`."""
 
@@ -104,7 +105,15 @@ class CheckpointReader:
         return self.keys.head(session_id), self.keys.messages(session_id)
 
     def from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
-        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None)."""
+        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None). One
+        that cannot be read raises, and the cache forgets the session: no save builds on it (issue #31)."""
+        try:
+            return self._from_reply(session_id, reply, known)
+        except SDKError:
+            self.cache.drop(session_id)
+            raise
+
+    def _from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
         kind = text(reply[0])
         if kind == "none":
             return None
@@ -126,7 +135,8 @@ class CheckpointReader:
 class _SaveRequest:
     session_id: str
     checkpoint: Checkpoint
-    body: str
+    body: tuple[str, str]
+    """The head's JSON and its history entry's ('' = the head's)."""
     writer_id: str
     fence: tuple[str, str] | None
     and_then: AndThen | None
@@ -189,7 +199,8 @@ class RedisCheckpointStore:
             raise ValueError(f"fence key {fence[0]!r} is not a key of session {session_id!r}")
         if and_then is not None and fence is None:
             raise ValueError("save(and_then=...) needs fence=: the script after the save is given the lease key")
-        body = self.codec.seal_head(checkpoint)
+        bodies = self.codec.seal_record(checkpoint, session_id)
+        body = (bodies[0], "" if bodies[1] == bodies[0] else bodies[1])  # '': the same text (no key, #31)
         writer_id = new_writer_id()
         known = self._cache.get(session_id)
         if self.codec.active and checkpoint.version > 1 and (known is None or known.version != checkpoint.version - 1):
@@ -214,20 +225,26 @@ class RedisCheckpointStore:
     def _run_save(self, request: _SaveRequest, expected: str, keep: int) -> tuple[list[Any], Any]:
         """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
         checkpoint, fence, and_then = request.checkpoint, request.fence, request.and_then
-        new = checkpoint.messages[keep:] if expected else checkpoint.messages
+        first = keep if expected else 0
+        new = checkpoint.messages[first:]
+        session_id = request.session_id
         args: list[str | int | bytes] = [
             checkpoint.version,
             expected,
             keep,
             request.writer_id,
-            request.body,
+            request.body[0],
             self.history_limit,
             self.ttl_ms,
             self._deadline_for(checkpoint),
             request.session_id,
             fence[1] if fence else "",
             len(new),
-            *(self.codec.encode_json(message.model_dump_json()) for message in new),
+            request.body[1],
+            *(
+                self.codec.encode_json(message.model_dump_json(), message_place(session_id, first + i))
+                for i, message in enumerate(new)
+            ),
         ]
         keys = [
             *self.keys.session_keys(request.session_id),
@@ -319,7 +336,13 @@ class RedisCheckpointStore:
         entries, pool = reply[2 : 2 + count], MessagePool(session_id, reply[2 + count :], self.codec)
         result = []
         for raw in entries:
-            checkpoint, meta = decode_record(session_id, raw, pool.take, self.codec)
+            checkpoint, meta = decode_record(session_id, raw, pool.take, self.codec, history=True)
+            if meta is not None and isinstance(meta.get("h"), str) and pool.digest(meta["s"]) != meta["h"]:
+                raise CorruptCheckpointError(  # issue #31: as read_checkpoint.lua checks a head
+                    session_id,
+                    f"the messages of its history entry of version {checkpoint.version} do not hash to the "
+                    "digest the entry carries: one was changed, moved or removed after it was saved",
+                )
             saved_at = datetime.fromtimestamp(int(meta["t"]) / 1000, UTC).isoformat() if meta else ""
             result.append(
                 HistoryEntry(
@@ -387,6 +410,36 @@ class RedisCheckpointStore:
 
         stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
         return read_each(stored_heads, matching, what="session")
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`), in one MULTI/EXEC on the session's keys (WATCHed: a save in between
+        makes it read again); how many values. A value the codec cannot read raises, nothing written."""
+        head_key, messages_key, history_key = self.keys.session_keys(session_id)
+        with redis_errors(self.client, f"re-seal session {session_id!r}"), self.client.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(head_key, messages_key, history_key)  # type: ignore[no-untyped-call]
+                    head = cast(bytes | None, pipe.get(head_key))
+                    entries = cast(list[bytes], pipe.lrange(history_key, 0, -1))
+                    listed = cast(list[bytes], pipe.lrange(messages_key, 0, -1))
+                    records: list[tuple[str | bytes, bool]] = [(head, False)] if head is not None else []
+                    records += [(e, True) for e in entries]
+                    resealed = reseal_redis_records(session_id, self.codec, records, listed)
+                    new = iter(resealed.records)
+                    pipe.multi()
+                    for position, data in resealed.messages.items():
+                        pipe.lset(messages_key, position, data)
+                    if head is not None:
+                        pipe.set(head_key, next(new), keepttl=True)
+                    for index, data in enumerate(new):
+                        pipe.lset(history_key, index, data)
+                    pipe.execute()
+                    break
+                except redis.WatchError:
+                    continue
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
 
     def put_raw(self, session_id: str, raw: str | bytes) -> None:
         """Store a raw value as the latest head (tests of corrupt and foreign records)."""

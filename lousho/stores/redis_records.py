@@ -8,6 +8,7 @@ layout) and carries its own messages. Anything else is reported, never repaired.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from lousho.checkpoint import Checkpoint, check_schema, decode_checkpoint
 from lousho.errors import CorruptCheckpointError, NewerFormatError
 from lousho.messages import Message
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, message_place
 
 __all__ = ["MessagePool", "check_count", "decode_record", "parse_messages", "status_of"]
 
@@ -31,27 +32,52 @@ class MessagePool:
         self._session_id = session_id
         self._codec = codec
         self._raws = raws
-        self._parsed: dict[int, Message] = {}
+        self._parsed: dict[tuple[int, int], Message] = {}
+        self._digests: dict[tuple[str, int], str] = {}
 
     def take(self, segments: list[list[int]]) -> list[Message]:
-        out = []
+        out: list[Message] = []
         for start, count in segments:
             if start < 0 or start + count > len(self._raws):
                 raise CorruptCheckpointError(self._session_id, "a history entry names messages the list no longer has")
-            for index in range(start, start + count):
-                message = self._parsed.get(index)
+            for position in range(start, start + count):
+                index = len(out)
+                message = self._parsed.get((position, index))
                 if message is None:
-                    message = self._parsed[index] = parse_messages(self._session_id, [self._raws[index]], self._codec)[
-                        0
-                    ]
+                    raw = self._raws[position]
+                    message = parse_messages(self._session_id, [raw], self._codec, first=index)[0]
+                    self._parsed[(position, index)] = message
                 out.append(message)
         return out
 
+    def digest(self, segments: list[list[int]]) -> str:
+        """The chained digest of the messages the segments name (save_checkpoint.lua's `h`), each step
+        remembered: history entries share their prefix."""
+        digest = ""
+        for start, count in segments:
+            for position in range(max(start, 0), min(start + count, len(self._raws))):
+                step = self._digests.get((digest, position))
+                if step is None:
+                    step = self._digests[(digest, position)] = chain_step(digest, self._raws[position])
+                digest = step
+        return digest
 
-def parse_messages(session_id: str, raws: Sequence[bytes | str], codec: PayloadCodec = PLAIN) -> list[Message]:
-    """Each stored message (plain JSON, or encoded by the store's codec: issue #17) as a `Message`."""
+
+def chain_step(digest: str, raw: bytes | str) -> str:
+    """One step of segments.lua's `chain_digest`: sha1hex(digest .. message)."""
+    return hashlib.sha1(digest.encode() + (raw.encode() if isinstance(raw, str) else raw)).hexdigest()
+
+
+def parse_messages(
+    session_id: str, raws: Sequence[bytes | str], codec: PayloadCodec = PLAIN, *, first: int = 0
+) -> list[Message]:
+    """Each stored message (plain JSON, or encoded by the store's codec: issue #17) as a `Message`, the
+    first one the `first`-th of the transcript (its place, issue #31)."""
     try:
-        return [Message.model_validate_json(codec.decode_text(raw)) for raw in raws]
+        return [
+            Message.model_validate_json(codec.decode_text(raw, message_place(session_id, first + i)))
+            for i, raw in enumerate(raws)
+        ]
     except ValidationError as exc:
         raise CorruptCheckpointError(session_id, f"a stored message is damaged ({exc.errors()[0]['msg']})") from exc
 
@@ -70,11 +96,14 @@ def decode_record(
     raw: bytes | str,
     messages_for: Callable[[list[list[int]]], list[Message]],
     codec: PayloadCodec = PLAIN,
+    *,
+    history: bool = False,
 ) -> tuple[Checkpoint, dict[str, Any] | None]:
     """A head or history entry as a checkpoint, plus its store header (None for a plain checkpoint JSON).
 
     `messages_for(segments)` supplies the transcript the header names; a plain JSON keeps its own.
-    A head's sealed part is opened by `codec` (issue #17).
+    A head's sealed part is opened by `codec` (issue #17), as the session's head or (`history`) as
+    the history entry of its version (issue #31).
     """
     try:
         data = json.loads(raw)
@@ -82,7 +111,8 @@ def decode_record(
         return decode_checkpoint(session_id, raw), None  # raises, saying "not JSON"
     meta = data.pop(HEADER, None) if isinstance(data, dict) else None
     if meta is None:
-        return decode_checkpoint(session_id, data), None
+        fields = codec.open_fields(data, session_id, history=history) if isinstance(data, dict) else data
+        return decode_checkpoint(session_id, fields), None
     if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > 1:
         raise NewerFormatError(  # not damage: handed back on the fleet for a worker that reads it (issue #35)
             session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
@@ -91,7 +121,7 @@ def decode_record(
         raise CorruptCheckpointError(session_id, "its store header is damaged")
     check_schema(session_id, data)  # before its transcript: a newer schema may keep it otherwise
     data["messages"] = messages_for(meta["s"])
-    return decode_checkpoint(session_id, codec.open_fields(data)), meta
+    return decode_checkpoint(session_id, codec.open_fields(data, session_id, history=history)), meta
 
 
 def _valid_header(meta: Any) -> bool:

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from lousho.checkpoint import Checkpoint, decode_checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.messages import Message
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, message_place
 
 __all__ = [
     "Head",
@@ -43,6 +43,7 @@ __all__ = [
     "Transcript",
     "common_prefix",
     "encode_record",
+    "encode_records",
     "extend_segments",
     "kept_segments",
     "new_writer_id",
@@ -83,15 +84,37 @@ def encode_record(
 ) -> str:
     """The head of `checkpoint`: its JSON without messages (secret fields sealed by `codec`, issue #17),
     behind the header naming `segments`."""
-    body = codec.seal_head(checkpoint)
+    return _behind_header(writer, segments, extra, codec.seal_head(checkpoint))
+
+
+def encode_records(
+    checkpoint: Checkpoint,
+    writer: str,
+    segments: Segments,
+    *,
+    codec: PayloadCodec = PLAIN,
+    session_id: str | None = None,
+    history: bool = True,
+    **extra: int,
+) -> list[str]:
+    """The head of `checkpoint` and (with `history`) its history entry: the same header and fields, the
+    sealed part bound to each place (issue #31; the same text twice when nothing is encrypted)."""
+    bodies = codec.seal_record(checkpoint, session_id, history=history)
+    return [_behind_header(writer, segments, extra, body) for body in bodies]
+
+
+def _behind_header(writer: str, segments: Segments, extra: dict[str, int], body: str) -> str:
     header = json.dumps({"f": FORMAT, "w": writer, "s": segments, **extra}, separators=(",", ":"))
     return '{"' + HEADER + '":' + header + ',"messages":null,' + body[1:]
 
 
-def split_record(session_id: str, raw: object, codec: PayloadCodec | None = None) -> tuple[Any, Head | None]:
+def split_record(
+    session_id: str, raw: object, codec: PayloadCodec | None = None, *, history: bool = False
+) -> tuple[Any, Head | None]:
     """A stored record (text, or JSON already parsed) as (its JSON fields, its header), the header
-    None for a whole checkpoint JSON; a sealed part is opened by `codec` (issue #17), or left sealed
-    when None (a caller after the header alone).
+    None for a whole checkpoint JSON; a sealed part is opened by `codec` (issue #17), as the head of
+    the session or (`history`) as a history entry (issue #31), or left sealed when None (a caller
+    after the header alone).
 
     Not JSON, or a damaged or newer header, raises `CorruptCheckpointError`; the caller decodes
     the fields (`decode_checkpoint`), which checks everything else."""
@@ -104,11 +127,13 @@ def split_record(session_id: str, raw: object, codec: PayloadCodec | None = None
             raise AssertionError("unreachable") from None
     elif isinstance(raw, dict):
         data = dict(raw)
-    if not isinstance(data, dict) or HEADER not in data:
+    if not isinstance(data, dict):
         return data, None
-    if codec is not None:
-        codec.open_fields(data)
-    meta = data.pop(HEADER)
+    if HEADER not in data:  # a whole checkpoint JSON: its sealed part (if any) covers its inline messages
+        if codec is not None:
+            codec.open_fields(data, session_id, history=history)
+        return data, None
+    meta = data.get(HEADER)
     if isinstance(meta, dict) and isinstance(meta.get("f"), int) and meta["f"] > FORMAT:
         raise CorruptCheckpointError(
             session_id, f"it was written by a newer lousho (store format {meta['f']}); upgrade lousho"
@@ -116,6 +141,9 @@ def split_record(session_id: str, raw: object, codec: PayloadCodec | None = None
     head = _head(meta)
     if head is None:
         raise CorruptCheckpointError(session_id, "its store header is damaged")
+    if codec is not None:
+        codec.open_fields(data, session_id, history=history, count=sum(count for _, count in head.segments))
+    data.pop(HEADER)
     return data, head
 
 
@@ -148,37 +176,48 @@ class Transcript:
         self._session_id = session_id
         self._rows = rows
         self._codec = codec
-        self._parsed: dict[int, Message] = {}
+        self._parsed: dict[tuple[int, int], Message] = {}
 
-    def _raw(self, position: int) -> str | bytes | None:
+    @property
+    def rows(self) -> dict[int, str | bytes]:
+        """The stored text of each message by position, as stored."""
+        if isinstance(self._rows, Mapping):
+            return dict(self._rows)
+        return dict(enumerate(self._rows))
+
+    def _raw(self, position: int, index: int) -> str | bytes | None:
+        """The stored message at `position`, decoded as the `index`-th of the transcript (its place, #31)."""
         if isinstance(self._rows, Mapping):
             raw = self._rows.get(position)
         else:
             raw = self._rows[position] if 0 <= position < len(self._rows) else None
-        return None if raw is None else self._codec.decode_text(raw)
+        return None if raw is None else self._codec.decode_text(raw, message_place(self._session_id, index))
 
     def texts(self, segments: Segments) -> list[str | None]:
         """The stored JSON of each message the segments name (None where one is missing or not text)."""
         out: list[str | None] = []
-        for start, count in segments:
-            for position in range(start, start + count):
-                raw = self._raw(position)
-                out.append(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
+        for position in _positions(segments):
+            raw = self._raw(position, len(out))
+            out.append(raw.decode(errors="replace") if isinstance(raw, bytes) else raw)
         return out
 
     def take(self, segments: Segments) -> list[Message]:
         """The messages the segments name; a missing one raises `CorruptCheckpointError`."""
-        out = []
-        for start, count in segments:
-            for position in range(start, start + count):
-                message = self._parsed.get(position)
-                if message is None:
-                    raw = self._raw(position)
-                    if raw is None:
-                        raise CorruptCheckpointError(self._session_id, "its head names messages that are not stored")
-                    message = self._parsed[position] = parse_message(self._session_id, raw)
-                out.append(message)
+        out: list[Message] = []
+        for position in _positions(segments):
+            index = len(out)
+            message = self._parsed.get((position, index))
+            if message is None:
+                raw = self._raw(position, index)
+                if raw is None:
+                    raise CorruptCheckpointError(self._session_id, "its head names messages that are not stored")
+                message = self._parsed[(position, index)] = parse_message(self._session_id, raw)
+            out.append(message)
         return out
+
+
+def _positions(segments: Segments) -> list[int]:
+    return [position for start, count in segments for position in range(start, start + count)]
 
 
 def parse_message(session_id: str, raw: str | bytes) -> Message:
@@ -253,12 +292,20 @@ def plan_save(
         keep = common_prefix(known.messages, checkpoint.messages)
         kept = kept_segments(head.segments, keep)
         if kept is not None:
-            return kept, [codec.encode_text(m.model_dump_json()) for m in checkpoint.messages[keep:]]
+            new = [m.model_dump_json() for m in checkpoint.messages[keep:]]
+            return kept, _encoded(codec, session_id, keep, new)
     texts = [m.model_dump_json() for m in checkpoint.messages]
     if head is None or not head.segments:
-        return [], [codec.encode_text(t) for t in texts]
+        return [], _encoded(codec, session_id, 0, texts)
     keep = text_prefix(stored_texts(head), texts)
-    return kept_segments(head.segments, keep) or [], [codec.encode_text(t) for t in texts[keep:]]
+    return kept_segments(head.segments, keep) or [], _encoded(codec, session_id, keep, texts[keep:])
+
+
+def _encoded(codec: PayloadCodec, session_id: str, first: int, texts: Sequence[str]) -> list[str]:
+    """`texts`, the messages from transcript index `first` on, encoded each bound to its index (issue #31)."""
+    if not codec.active:
+        return list(texts)
+    return [codec.encode_text(text, message_place(session_id, first + i)) for i, text in enumerate(texts)]
 
 
 @dataclass(frozen=True)

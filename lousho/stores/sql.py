@@ -65,7 +65,8 @@ class SqlStore(SessionsOfCheckpoints):
         codec: PayloadCodec = PLAIN,
     ) -> None:
         self._db = SqlDatabase(url, schema, engine_kwargs, sqlite_synchronous)
-        self.codec = codec
+        # issue #31: values are bound to the store's schema (a SQLite file or a database may be moved)
+        self.codec = codec = codec.for_store(f"sql:{schema or ''}")
         self.checkpoints = SqlCheckpointStore(self._db, history_limit=history_limit, codec=codec)
         self.approvals = SqlApprovalStore(self._db, codec=codec)
 

@@ -16,7 +16,7 @@ from lousho.approvals import (
     parse_decision,
 )
 from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError
-from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec import PLAIN, PayloadCodec, approval_place
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.sql_database import SqlDatabase
 
@@ -32,10 +32,10 @@ class SqlApprovalStore:
         self._codec = codec
 
     def _encode(self, snapshot: ApprovalSnapshot) -> str:
-        return self._codec.encode_text(snapshot.model_dump_json())
+        return self._codec.encode_text(snapshot.model_dump_json(), approval_place(snapshot.id))
 
     def _decode(self, approval_id: str, raw: str) -> ApprovalSnapshot:
-        return decode_snapshot(approval_id, self._codec.decode_text(raw))
+        return decode_snapshot(approval_id, self._codec.decode_text(raw, approval_place(approval_id)))
 
     def save(self, snapshot: ApprovalSnapshot) -> None:
         values = {

@@ -30,16 +30,17 @@ from sqlalchemy import exc
 from sqlalchemy.engine import Connection
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.listing import Listing
+from lousho.stores.reseal import reseal_records
 from lousho.stores.segments import (
     Head,
     Known,
     SessionCache,
     Transcript,
-    encode_record,
+    encode_records,
     extend_segments,
     new_writer_id,
     plan_save,
@@ -130,7 +131,7 @@ class SqlCheckpointStore:
         found = None if row is None else int(row[0])
         if found != previous and not (found is None and previous == 0):
             raise CheckpointConflictError(session_id, previous, found)
-        head = None if row is None else _head_of(row[1], self._codec)
+        head = None if row is None else _head_of(session_id, row[1], self._codec)
         segments, texts = plan_save(
             self._cache,
             session_id,
@@ -144,7 +145,9 @@ class SqlCheckpointStore:
         if texts:
             rows = [{"session_id": session_id, "seq": base + i, "data": text} for i, text in enumerate(texts)]
             transaction.execute_many(sql.append, rows)
-        record = encode_record(checkpoint, writer, extend_segments(segments, base, len(texts)), codec=self._codec)
+        record, entry = encode_records(
+            checkpoint, writer, extend_segments(segments, base, len(texts)), codec=self._codec, session_id=session_id
+        )
         now = naive_utc_now()
         values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": record}
         if row is None:
@@ -154,7 +157,7 @@ class SqlCheckpointStore:
             raise CheckpointConflictError(session_id, previous, None if stored is None else int(stored[0]))
         if self.history_limit > 0:
             history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
-            transaction.execute(sql.push, {**history, "saved_at": now, "data": record})
+            transaction.execute(sql.push, {**history, "saved_at": now, "data": entry})
             transaction.execute(sql.trim(self.history_limit), sid)
 
     def _stored_texts(self, transaction: DriverTransaction, session_id: str, head: Head) -> list[str | None]:
@@ -179,9 +182,13 @@ class SqlCheckpointStore:
             raw = conn.execute(sa.select(table.c.data).where(table.c.session_id == session_id)).scalar()
             if raw is None:
                 return None
-            data, head = split_record(session_id, raw, self._codec)
-            transcript = None if head is None else self._rows.read(conn, session_id, [head])
-        checkpoint = _decode(session_id, data, head, transcript)
+            try:
+                data, head = split_record(session_id, raw, self._codec)
+                transcript = None if head is None else self._rows.read(conn, session_id, [head])
+                checkpoint = _decode(session_id, data, head, transcript)
+            except SDKError:  # issue #31: a save never builds on what this process last read of it
+                self._cache.drop(session_id)
+                raise
         if head is not None:
             self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
         return checkpoint
@@ -202,7 +209,8 @@ class SqlCheckpointStore:
         query = query.order_by(history.c.id.desc()).limit(limit)
         with self._db.read() as conn:
             records = [
-                (saved_at, *split_record(session_id, data, self._codec)) for saved_at, data in conn.execute(query)
+                (saved_at, *split_record(session_id, data, self._codec, history=True))
+                for saved_at, data in conn.execute(query)
             ]
             heads = [head for _, _, head in records if head is not None]
             transcript = self._rows.read(conn, session_id, heads) if heads else None
@@ -242,6 +250,33 @@ class SqlCheckpointStore:
             self._cache.drop(session_id)
         return Pruned(checkpoints=removed.rowcount, history=dropped.rowcount)
 
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`), in one transaction; how many values. A value the codec cannot read
+        raises and nothing is written."""
+        table, history, messages = self._db.checkpoints, self._db.history, self._db.messages
+        with self._db.write() as conn:
+            head = conn.execute(
+                sa.select(table.c.data).where(table.c.session_id == session_id).with_for_update()
+            ).scalar()
+            entries = list(
+                conn.execute(sa.select(history.c.id, history.c.data).where(history.c.session_id == session_id))
+            )
+            query = sa.select(messages.c.seq, messages.c.data).where(messages.c.session_id == session_id)
+            rows = {int(seq): str(data) for seq, data in conn.execute(query)}
+            records = ([(head, False)] if head is not None else []) + [(data, True) for _, data in entries]
+            resealed = reseal_records(session_id, self._codec, records, rows)
+            new = iter(resealed.records)
+            if head is not None:
+                conn.execute(table.update().where(table.c.session_id == session_id).values(data=next(new)))
+            for (entry_id, _), data in zip(entries, new, strict=True):
+                conn.execute(history.update().where(history.c.id == entry_id).values(data=data))
+            for seq, data in resealed.messages.items():
+                where = sa.and_(messages.c.session_id == session_id, messages.c.seq == seq)
+                conn.execute(messages.update().where(where).values(data=data))
+        self._cache.drop(session_id)
+        return len(resealed.records) + len(resealed.messages)
+
     def get_raw(self, session_id: str) -> str | None:
         """The stored text of the latest checkpoint, as it is (for inspection and tests)."""
         table = self._db.checkpoints
@@ -268,13 +303,13 @@ class SqlCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _head_of(raw: str, codec: PayloadCodec) -> Head | None:
+def _head_of(session_id: str, raw: str, codec: PayloadCodec) -> Head | None:
     """The stored head's header, for a save; None for a whole-checkpoint row or one that cannot be read
     (a save over it writes the whole transcript, as it always did). With encryption on, its sealed part is
     opened too: a wrong or missing key raises `PayloadKeyError` before anything is written (issue #17), even
     when the save would read no stored message."""
     try:
-        return split_record("", raw, codec if codec.encrypts else None)[1]
+        return split_record(session_id, raw, codec if codec.keys else None)[1]
     except (CorruptCheckpointError, PayloadDecodeError) as error:
         if isinstance(error, PayloadKeyError):
             raise

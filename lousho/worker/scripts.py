@@ -20,6 +20,7 @@ import redis
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CorruptCheckpointError, SessionSupersededError
 from lousho.fleet.keys import FleetKeys
+from lousho.stores.codec import result_place
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_checkpoints import AndThen
 from lousho.stores.redis_common import load_script, redis_errors, text
@@ -114,12 +115,14 @@ class FleetScripts:
         self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
         self._guarded = load_script(self.client, "lousho.worker:guarded")
 
-    def _seal(self, result_json: str) -> str | bytes:
-        """A tool result as the results hash keeps it: encoded by the store's codec (issue #17)."""
-        return self.store.codec.encode_json(result_json)
+    def _seal(self, session_id: str, field: str, result_json: str) -> str | bytes:
+        """A tool result as the results hash keeps it: encoded by the store's codec (issue #17), bound to
+        its session and call (issue #31)."""
+        return self.store.codec.encode_json(result_json, result_place(session_id, field))
 
-    def _open(self, stored: bytes) -> bytes:
-        return self.store.codec.decode(stored) if isinstance(stored, bytes) else stored
+    def _open(self, session_id: str, field: bytes | str, stored: bytes) -> bytes:
+        place = result_place(session_id, text(field))
+        return self.store.codec.decode(stored, place) if isinstance(stored, bytes) else stored
 
     def begin_step(self, session_id: str, lease: Lease, attempt_field: str = "") -> Begun | None:
         """Take the session's lease and read the step's state; None when someone else holds it."""
@@ -184,7 +187,7 @@ class FleetScripts:
             *keys[5:],
             self.keys.running_of(session_id),
         ]  # call_commit.lua's order
-        commit_args = [field, self._seal(result_json), call_lease.token, run[0], *args, run[1]]
+        commit_args = [field, self._seal(session_id, field, result_json), call_lease.token, run[0], *args, run[1]]
         started = time.monotonic()
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply, acked = self.store.replica_ack.run(self.client, self._commit, commit_keys, commit_args)
@@ -203,7 +206,7 @@ class FleetScripts:
         """The committed results hash as it is now (`turn_results` picks one turn's)."""
         with redis_errors(self.client, f"read the committed results of session {session_id!r}"):
             raw = self.client.hgetall(self.keys.results(session_id))
-        return {text(field): self._open(value) for field, value in raw.items()}  # type: ignore[union-attr]
+        return {text(field): self._open(session_id, field, value) for field, value in raw.items()}  # type: ignore[union-attr]
 
     def end_step(self, session_id: str, lease: Lease, ending: Ending) -> list[bool]:
         """Mark the calls, drop a completed turn's state, release the lease, push the messages
@@ -236,7 +239,15 @@ class FleetScripts:
             self.keys.running_of(session_id),
         ]
         args: list[str | int | bytes] = [
-            *(field, self._seal(result_json), call_lease.token, lease.ttl_ms, ending.next_message, ending.epoch, entry)
+            *(
+                field,
+                self._seal(session_id, field, result_json),
+                call_lease.token,
+                lease.ttl_ms,
+                ending.next_message,
+                ending.epoch,
+                entry,
+            )
         ]
         return AndThen(script=self._commit_fold, keys=keys, args=args)
 
@@ -249,7 +260,7 @@ class FleetScripts:
     def commit_result(self, session_id: str, epoch: str, field: str, result_json: str) -> bool:
         """Commit a call's one result (first writer wins) while the session is incarnation `epoch`."""
         keys = [self.keys.epoch(session_id), self.keys.results(session_id)]
-        args = [epoch, "commit", field, self._seal(result_json)]
+        args = [epoch, "commit", field, self._seal(session_id, field, result_json)]
         with redis_errors(self.client, f"commit the result of call {field!r} of session {session_id!r}"):
             reply, acked = self.store.replica_ack.run(self.client, self._guarded, keys, args)
         self.store.replica_ack.check(self.client, acked, f"the result of call {field!r} of session {session_id!r}")
@@ -338,7 +349,7 @@ class FleetScripts:
             parked=bool(reply[1]),
             aborted=bool(reply[2]),
             attempts=int(reply[3]),
-            results={text(flat[i]): self._open(flat[i + 1]) for i in range(0, len(flat), 2)},
+            results={text(flat[i]): self._open(session_id, flat[i], flat[i + 1]) for i in range(0, len(flat), 2)},
             checkpoint=self.store.checkpoints.reader.from_reply(session_id, reply[5], known),
             epoch=text(reply[6]),
         )

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from lousho.checkpoint import Checkpoint
-from lousho.errors import ConfigurationError, PayloadDecodeError, PayloadKeyError
+from lousho.errors import ConfigurationError, PayloadDecodeError, PayloadKeyError, UnsealedValueError
 from lousho.messages import Message, ToolCall
 from lousho.stores.codec import MAGIC, PLAIN, SEALED, TEXT_MARK, PayloadCodec, parse_keys
 from lousho.stores.file import FileStore
@@ -126,7 +126,9 @@ def test_an_encoded_payload_reads_back_and_a_plain_one_reads_as_it_is() -> None:
     assert encoded.startswith(MAGIC) and b"hello" not in encoded
     assert len(encoded) < len(plain)  # compressed before it was encrypted
     assert codec.decode(encoded) == plain
-    assert codec.decode(plain) == plain
+    with pytest.raises(UnsealedValueError):  # a keyed codec refuses plain JSON (issue #31)
+        codec.decode(plain)
+    assert PayloadCodec(keys={"k1": KEY_1}, read_unsealed=True).decode(plain) == plain
     assert codec.decode_text(codec.encode_text(plain.decode())) == plain.decode()
 
 
@@ -237,13 +239,22 @@ def test_a_missing_key_id_names_the_key_to_add(backend: Backend) -> None:
     assert backend.raw() == before
 
 
-def test_records_written_before_the_codec_was_turned_on_still_read(backend: Backend) -> None:
+def test_records_written_before_the_codec_was_turned_on_read_only_when_migrating(backend: Backend) -> None:
+    """Issue #31: a store with keys refuses what no key sealed (anyone who can write could have), unless it is
+    opened with `read_unsealed=True` to migrate (then `lousho reseal`, tests/stores/test_reseal.py)."""
     backend.open(PLAIN).checkpoints.save(SESSION, secret_checkpoint("old"))
-    on = backend.open(codec_of("k1"))
+    before = backend.raw()
+    with pytest.raises(UnsealedValueError, match="read_unsealed"):
+        backend.open(codec_of("k1")).checkpoints.load(SESSION)
+    with pytest.raises(UnsealedValueError):
+        backend.open(codec_of("k1")).checkpoints.save(SESSION, secret_checkpoint("old", version=2))
+    assert backend.raw() == before
+    on = backend.open(PayloadCodec(compress=True, keys={"k1": KEY_1}, read_unsealed=True))
     assert on.checkpoints.load(SESSION) == secret_checkpoint("old")
     on.checkpoints.save(SESSION, secret_checkpoint("old", version=2))
-    assert backend.open(codec_of("k1")).checkpoints.load(SESSION) == secret_checkpoint("old", version=2)
-    assert [e.checkpoint.version for e in backend.open(codec_of("k1")).checkpoints.history(SESSION)] == [2, 1]
+    again = backend.open(PayloadCodec(compress=True, keys={"k1": KEY_1}, read_unsealed=True))
+    assert again.checkpoints.load(SESSION) == secret_checkpoint("old", version=2)
+    assert [e.checkpoint.version for e in again.checkpoints.history(SESSION)] == [2, 1]
 
 
 def test_listing_by_status_and_prune_need_no_key(backend: Backend) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from lousho.checkpoint import maybe_await
+from lousho.errors import UnsealedValueError
 
 __all__ = ["StoreContractBase"]
 
@@ -60,6 +61,17 @@ class StoreContractBase:
             self.write_raw_approval(approvals, approval_id, raw)
         except NotImplementedError:
             pytest.skip("implement write_raw_approval() to check how the store lists approvals it cannot read")
+
+    def refuses_unsealed(self, checkpoints: Any, session_id: str) -> bool:
+        """Whether the store refuses the session's planted record as not sealed under its payload keys
+        (`UnsealedValueError`, issue #31: a store with keys reads an older lousho's plain record only when
+        migrating); the record stays as it was. False: the store read it, and the test goes on."""
+        try:
+            self.call(checkpoints.load(session_id))
+        except UnsealedValueError as refused:
+            assert refused.session_id == session_id, refused
+            return True
+        return False
 
     def plant(self, checkpoints: Any, session_id: str, raw: str | bytes) -> None:
         try:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lousho.checkpoint import Checkpoint, get_checkpoint_history
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, UnsealedValueError
 from lousho.stores.listing import Listing
 from lousho.testing.store_contract.base import StoreContractBase
 from lousho.testing.store_contract.samples import WRITERS, race, sample_checkpoint
@@ -69,6 +69,8 @@ class CheckpointStoreContract(StoreContractBase):
         record = sample_checkpoint("s-old").model_dump(mode="json")
         del record["status"]
         self.plant(checkpoints, "s-old", json.dumps(record))
+        if self.refuses_unsealed(checkpoints, "s-old"):
+            return
         assert self.call(checkpoints.load("s-old")).status == "in-progress"
 
     @pytest.mark.parametrize("kind", sorted(_CORRUPT))
@@ -76,9 +78,10 @@ class CheckpointStoreContract(StoreContractBase):
         raw = _CORRUPT[kind]("s-bad")
         self.plant(checkpoints, "s-bad", raw)
         for _ in range(2):  # a failed load changes nothing: the second one fails the same way
-            with pytest.raises(CorruptCheckpointError) as caught:
+            # a store with payload keys may refuse it first as not sealed under one (issue #31)
+            with pytest.raises((CorruptCheckpointError, UnsealedValueError)) as caught:
                 self.call(checkpoints.load("s-bad"))
-            assert caught.value.session_id == "s-bad" and "'s-bad'" in str(caught.value)
+            assert getattr(caught.value, "session_id", None) == "s-bad" and "'s-bad'" in str(caught.value)
         try:
             stored = self.read_raw(checkpoints, "s-bad")
         except NotImplementedError:

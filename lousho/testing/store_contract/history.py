@@ -79,6 +79,8 @@ class HistoryStoreContract(StoreContractBase):
         history = self.history_of(checkpoints)
         old = sample_checkpoint("s-legacy", version=1, step=3, status="in-progress", approval_id=None)
         self.plant(checkpoints, "s-legacy", old.model_dump_json())
+        if self.refuses_unsealed(checkpoints, "s-legacy"):
+            return
         assert self.call(history("s-legacy")) == []
         assert self.call(checkpoints.load("s-legacy")) == old
         self.call(checkpoints.save("s-legacy", old.model_copy(update={"version": 2, "step_index": 4})))

@@ -19,7 +19,7 @@ local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = 
   epoch = KEYS[13]}
 local call_lease, parked, abort, running = KEYS[10], KEYS[11], KEYS[12], KEYS[14]
 local session, token = ARGV[9], ARGV[10]
-local own = 12 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's
+local own = 13 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's (its 12: the history entry)
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
 local next_message, epoch, entry = ARGV[own + 4], ARGV[own + 5], ARGV[own + 6]
 redis.call('ZREM', running, entry)

@@ -12,7 +12,7 @@
 local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
   epoch = KEYS[10]}
 local token = ARGV[10]
-local own = 12 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's
+local own = 13 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's (its 12: the history entry)
 local epoch, clear, redispatch, next_message = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
 local calls = {}
 for i = own + 4, #ARGV, 2 do

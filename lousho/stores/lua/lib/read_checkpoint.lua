@@ -13,11 +13,11 @@
 -- segments name, in transcript order. A plain checkpoint JSON (no store header) comes back
 -- alone; the caller reads its inline messages and reports damage.
 --
--- 'known' only when the list still holds what the head's writers sent: the messages' chained
--- digest must equal the head's `h` (issue #21: a warm cache must not hide a damaged message).
--- Otherwise (a message changed, a head without `h`) the messages are sent, and the caller reads
--- them as a process without the cache would: damage raises there. The check costs a SHA-1 of
--- the transcript on the server, never a round trip nor the transcript's bytes on the wire.
+-- Every read of a head with a digest `h` checks that the list still holds what the head's writers
+-- sent: the messages' chained digest must equal `h`, else {'corrupt', ...} (issue #31: a message
+-- edited in place, even one that still parses, is never served, cache or not; issue #21: 'known'
+-- only then). A head without `h` (an older lousho's) sends its messages, read as they are. The
+-- check costs a SHA-1 of the transcript on the server, never a round trip nor bytes on the wire.
 local function read_checkpoint(cp, msgs, known)
   local kind = redis.call('TYPE', cp)['ok']
   if kind == 'none' then return {'none'} end
@@ -38,9 +38,12 @@ local function read_checkpoint(cp, msgs, known)
     local part = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
     for _, message in ipairs(part) do reply[#reply + 1] = message end
   end
-  if known ~= '' and meta.w == known and type(meta.h) == 'string'
-    and chain_digest('', reply, 3, #reply) == meta.h then
-    return {'known', head}
+  if type(meta.h) == 'string' then
+    if chain_digest('', reply, 3, #reply) ~= meta.h then
+      return {'corrupt', 'its messages do not hash to the digest its head carries: one was changed, moved or '
+        .. 'removed after it was saved'}
+    end
+    if known ~= '' and meta.w == known then return {'known', head} end
   end
   return reply
 end

@@ -11,7 +11,8 @@
 --       4 this save's writer id, 5 the checkpoint's JSON without its messages,
 --       6 history limit, 7 ttl ms (0 = none), 8 in-flight deadline ms (>0 add, 0 remove, -1 leave),
 --       9 session id (the in-flight member), 10 the lease token the writer holds ('' = not fenced),
---       11 how many messages follow, 12.. the messages to append
+--       11 how many messages follow, 12 the history entry's JSON without its messages ('' = ARGV 5: they
+--       differ when the codec binds each sealed part to its place, issue #31), 13.. the messages to append
 -- The head it writes: {"$store":{"f":1,"v":version,"w":writer id,"t":ms,"s":segments,"h":digest},...},
 -- `h` the chained digest of the transcript's messages as sent (segments.lua: chain_digest).
 --
@@ -36,8 +37,10 @@ local function save_checkpoint()
   local deadline_ms = tonumber(ARGV[8])
   local session = ARGV[9]
   local fence_token = ARGV[10]
-  local FIRST = 12
-  local LAST = 11 + tonumber(ARGV[11])
+  local entry_body = ARGV[12]
+  if entry_body == '' then entry_body = body end
+  local FIRST = 13
+  local LAST = 12 + tonumber(ARGV[11])
 
   local function wrong_type(key, want)
     local kind = redis.call('TYPE', key)['ok']
@@ -123,8 +126,21 @@ local function save_checkpoint()
     if head then return {'conflict', stored.v} end
     return {'conflict', -1}
   end
-  -- Incremental: ARGV holds only the new messages. Full: ARGV holds the whole transcript.
+  -- Incremental: ARGV holds only the new messages. Full: ARGV holds the whole transcript, and the
+  -- stored one must still hash to its head's digest (issue #31: no save lands on a message changed
+  -- since it was saved; the writer's cache was dropped when its read saw it, so it sends it all).
   local first_new = FIRST
+  if expected_wid == '' and type(stored.h) == 'string' then
+    local digest = ''
+    for _, seg in ipairs(stored.s) do
+      local part = redis.call('LRANGE', msgs, seg[1], seg[1] + seg[2] - 1)
+      digest = chain_digest(digest, part, 1, #part)
+    end
+    if digest ~= stored.h then
+      return {'corrupt', 'its messages do not hash to the digest its head carries: one was changed, moved or '
+        .. 'removed after it was saved'}
+    end
+  end
   if expected_wid == '' then
     keep = common_prefix(stored.s)
     first_new = FIRST + keep
@@ -159,11 +175,11 @@ local function save_checkpoint()
   end
   local now = redis.call('TIME')
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-  local record = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s,"h":"%s"},', new_version, wid,
-    now_ms, encode_segments(segs), digest) .. string.sub(body, 2)
-  redis.call('SET', cp, record)
+  local header = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s,"h":"%s"},', new_version, wid,
+    now_ms, encode_segments(segs), digest)
+  redis.call('SET', cp, header .. string.sub(body, 2))
   if history_limit > 0 then
-    redis.call('LPUSH', hist, record)
+    redis.call('LPUSH', hist, header .. string.sub(entry_body, 2))
     redis.call('LTRIM', hist, 0, history_limit - 1)
   end
   if deadline_ms > 0 then

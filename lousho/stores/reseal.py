@@ -1,0 +1,116 @@
+"""Re-sealing a session's stored values under the codec's current key and place (issue #31): `lousho reseal`.
+
+A store written before its keys were set (plain JSON), by lousho 0.1 (encrypted without the place), or under
+a key being retired, is read with a codec that can read it (`read_unsealed=True` for the first two, the old
+key among `keys` for the last) and every value of the session is written again, in place, sealed under the
+first key to where it is: each message at its position, the head, each history entry, with their writer ids,
+segments and save times unchanged. A record of the older whole-checkpoint layout is left to the next save.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lousho.checkpoint import decode_checkpoint
+from lousho.errors import CorruptCheckpointError
+from lousho.stores.codec import PayloadCodec, message_place
+from lousho.stores.redis_records import chain_step
+from lousho.stores.segments import HEADER, parse_message, split_record
+
+__all__ = ["Resealed", "reseal_redis_records", "reseal_records"]
+
+
+@dataclass
+class Resealed:
+    """The new stored text of each value: records in the order given, messages by position."""
+
+    records: list[str] = field(default_factory=list)
+    messages: dict[int, Any] = field(default_factory=dict)
+
+
+def _indexes(segments: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(position, transcript index) of each message the segments name."""
+    positions = [p for start, count in segments for p in range(start, start + count)]
+    return list(zip(positions, range(len(positions)), strict=True))
+
+
+def _messages(
+    session_id: str,
+    codec: PayloadCodec,
+    rows: Mapping[int, str | bytes],
+    segments: Sequence[Sequence[int]],
+    encoded: dict[int, Any],
+    *,
+    binary: bool = False,
+) -> list[Any]:
+    """The messages the segments name; each one's new stored value (bytes where the store keeps bytes) goes
+    into `encoded`, once per position (records share them)."""
+    messages: list[Any] = []
+    for position, index in _indexes(segments):
+        raw = rows.get(position)
+        if raw is None:
+            raise CorruptCheckpointError(session_id, "its head names messages that are not stored")
+        place = message_place(session_id, index)
+        plain = codec.decode_text(raw, place)
+        messages.append(parse_message(session_id, plain))
+        if position not in encoded:
+            encoded[position] = codec.encode_json(plain, place) if binary else codec.encode_text(plain, place)
+    return messages
+
+
+def reseal_records(
+    session_id: str,
+    codec: PayloadCodec,
+    records: Sequence[tuple[str | bytes, bool]],
+    rows: Mapping[int, str | bytes],
+) -> Resealed:
+    """SqlStore, FileStore and the mapping store: each (record, is a history entry) re-sealed, with the
+    messages it names (`rows`: position -> stored text). Every value is read before anything is returned,
+    so a value that does not open raises and the caller writes nothing."""
+    out = Resealed()
+    for raw, history in records:
+        data, head = split_record(session_id, raw, codec, history=history)
+        if head is None:
+            raise CorruptCheckpointError(
+                session_id, "a record of the older whole-checkpoint layout: save the session once, then re-seal"
+            )
+        messages = _messages(session_id, codec, rows, head.segments, out.messages)
+        checkpoint = decode_checkpoint(session_id, {**data, "messages": messages})
+        body = codec.seal_record(checkpoint, session_id, history=history)[-1]
+        meta = json.dumps({"f": 1, "w": head.writer, "s": head.segments, **head.extra}, separators=(",", ":"))
+        out.records.append('{"' + HEADER + '":' + meta + ',"messages":null,' + body[1:])
+    return out
+
+
+def reseal_redis_records(
+    session_id: str, codec: PayloadCodec, records: Sequence[tuple[str | bytes, bool]], listed: Sequence[bytes]
+) -> Resealed:
+    """RedisStore: as `reseal_records`, its header's transcript digest `h` made again over the new bytes."""
+    rows = dict(enumerate(listed))
+    out = Resealed()
+    for raw, history in records:
+        data = json.loads(raw)
+        meta = data.pop(HEADER, None) if isinstance(data, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("s"), list):
+            raise CorruptCheckpointError(
+                session_id, "a record of the older whole-checkpoint layout: save the session once, then re-seal"
+            )
+        messages = _messages(session_id, codec, rows, meta["s"], out.messages, binary=True)
+        data["messages"] = messages
+        opened = codec.open_fields(data, session_id, history=history)
+        checkpoint = decode_checkpoint(session_id, opened)
+        body = codec.seal_record(checkpoint, session_id, history=history)[-1]
+        out.records.append(_redis_record(meta, body, out.messages, rows))
+    return out
+
+
+def _redis_record(meta: dict[str, Any], body: str, new: Mapping[int, Any], old: Mapping[int, Any]) -> str:
+    if isinstance(meta.get("h"), str):
+        digest = ""
+        for position, _ in _indexes(meta["s"]):
+            digest = chain_step(digest, new.get(position, old.get(position, b"")))
+        meta = {**meta, "h": digest}
+    return '{"' + HEADER + '":' + json.dumps(meta, separators=(",", ":")) + "," + body[1:]

@@ -1,0 +1,167 @@
+"""Migrating to sealed values (issue #31): data a keyed store did not seal (stored before the keys, or by lousho 0.1
+without the place) is refused, read only under `read_unsealed=True`, and `reseal` writes it again under the
+current key, each value bound to its place, so the setting can be turned off and an old key retired."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from lousho.checkpoint import Checkpoint
+from lousho.cli_reseal import reseal_sessions
+from lousho.errors import ConfigurationError, PayloadKeyError, UnsealedValueError
+from lousho.messages import Message
+from lousho.stores.codec import MAGIC, PLAIN, TEXT_MARK, PayloadCodec, Place
+from lousho.stores.file import FileStore
+from lousho.stores.mapping import dbm_store
+from lousho.stores.redis import RedisStore
+from lousho.stores.sql import SqliteStore
+from tests.docs.walkthrough import bash_block_after
+from tests.ops.conftest import LOUSHO, ROOT, run_clean
+from tests.stores.codecs import KEY_1, KEY_2
+
+BACKENDS = ["redis", "sqlite", "postgres", "dbm"]
+SECRET = "card 4242-4242"
+
+
+def codec(*key_ids: str, unsealed: bool = False) -> PayloadCodec:
+    keys = {k: {"k1": KEY_1, "k2": KEY_2}[k] for k in key_ids}
+    return PayloadCodec(compress="zstd", keys=keys, read_unsealed=unsealed)
+
+
+@pytest.fixture(params=BACKENDS)
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[PayloadCodec], Any]]:
+    """The same storage opened with the codec a test gives (a process restarted with new settings)."""
+    opened: list[Any] = []
+    kind = request.param
+    if kind == "redis":
+        client, prefix = request.getfixturevalue("redis_client"), request.getfixturevalue("redis_prefix")
+        yield lambda c: RedisStore(client, prefix=prefix, codec=c)
+        return
+    if kind == "postgres":
+        url = request.getfixturevalue("postgres_url")
+        schema = f"lousho_t_{os.urandom(8).hex()}"
+
+        def on_postgres(c: PayloadCodec) -> Any:
+            from lousho.stores.sql import SqlStore
+
+            opened.append(SqlStore(url, schema=schema, codec=c))
+            return opened[-1]
+
+        yield on_postgres
+        for store in opened:
+            store.close()
+        return
+
+    def local(c: PayloadCodec) -> Any:
+        for store in opened:
+            store.close()
+        made = SqliteStore(tmp_path / "jobs.db", codec=c) if kind == "sqlite" else dbm_store(tmp_path / "d", codec=c)
+        opened.append(made)
+        return made
+
+    yield local
+    for store in opened:
+        store.close()
+
+
+def run(store: Any, session: str) -> Checkpoint:
+    checkpoint = Checkpoint(session_id=session, version=1, messages=[Message.user(SECRET)])
+    store.checkpoints.save(session, checkpoint)
+    checkpoint = checkpoint.model_copy(
+        update={"version": 2, "step_index": 1, "messages": [*checkpoint.messages, Message.assistant("paid " * 80)]}
+    )
+    store.checkpoints.save(session, checkpoint)
+    return checkpoint
+
+
+def test_plain_data_is_refused_read_when_migrating_then_resealed_and_read_strictly(
+    open_store: Callable[[PayloadCodec], Any],
+) -> None:
+    latest = run(open_store(PLAIN), "s1")
+    with pytest.raises(UnsealedValueError, match="read_unsealed"):
+        open_store(codec("k1")).checkpoints.load("s1")
+
+    migrating = open_store(codec("k1", unsealed=True))
+    assert migrating.checkpoints.load("s1") == latest
+    key, done = reseal_sessions(migrating, list(migrating.sessions()))
+    assert key == "k1" and done["s1"] == 2 + 1 + 2  # two messages, the head, two history entries
+
+    strict = open_store(codec("k1"))
+    assert strict.checkpoints.load("s1") == latest
+    assert [e.checkpoint.version for e in strict.checkpoints.history("s1")] == [2, 1]
+    strict.checkpoints.save("s1", latest.model_copy(update={"version": 3}))
+    assert open_store(codec("k1")).checkpoints.load("s1") == latest.model_copy(update={"version": 3})
+
+
+def test_resealing_under_a_new_key_lets_the_old_one_go(open_store: Callable[[PayloadCodec], Any]) -> None:
+    latest = run(open_store(codec("k1")), "s1")
+    rotated = open_store(codec("k2", "k1"))
+    reseal_sessions(rotated, ["s1"])
+    only_new = open_store(codec("k2"))
+    assert only_new.checkpoints.load("s1") == latest
+    assert [e.checkpoint.version for e in only_new.checkpoints.history("s1")] == [2, 1]
+    with pytest.raises(PayloadKeyError, match="'k2'"):
+        open_store(codec("k1")).checkpoints.load("s1")
+
+
+def test_resealing_needs_a_key_and_a_store_that_can() -> None:
+    with pytest.raises(ConfigurationError, match="LOUSHO_PAYLOAD_KEYS"):
+        reseal_sessions(SqliteStore(":memory:"), [])
+
+
+def test_a_file_store_says_it_cannot_reseal_yet(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot re-seal"):
+        reseal_sessions(FileStore(tmp_path / "f", codec=codec("k1")), ["s"])
+
+
+def _v010_value(plain: bytes) -> bytes:
+    """A value as lousho 0.1 encrypted it: codec format 1, the header alone as associated data."""
+    header = MAGIC + bytes((1, 2, 2)) + b"k1"
+    nonce = os.urandom(12)
+    return header + nonce + AESGCM(KEY_1).encrypt(nonce, plain, header)
+
+
+def test_a_value_lousho_0_1_encrypted_reads_only_when_migrating() -> None:
+    stored = TEXT_MARK + base64.b64encode(_v010_value(b'{"role": "user", "content": "hi"}')).decode()
+    place = Place("s", "message 0")
+    with pytest.raises(UnsealedValueError, match=r"lousho 0\.1"):
+        codec("k1").decode_text(stored, place)
+    assert codec("k1", unsealed=True).decode_text(stored, place) == '{"role": "user", "content": "hi"}'
+
+
+@pytest.mark.slow  # a few lousho processes: out of `scripts/check --fast`
+def test_the_docs_reseal_command_migrates_a_store_written_before_its_keys(tmp_path: Path) -> None:
+    """docs/stores.md's re-seal block, run as printed against a SQLite store written without keys."""
+    path = tmp_path / "jobs.db"
+    plain = SqliteStore(path)
+    latest = run(plain, "s1")
+    plain.close()
+    keys = f"k1:{base64.b64encode(KEY_1).decode()}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"},
+        "LOUSHO_STORE_URL": f"sqlite:///{path}",
+        "LOUSHO_PAYLOAD_KEYS": keys,
+    }
+    refused = run_clean([LOUSHO, "show", "s1"], env=env)
+    assert refused.returncode != 0 and "LOUSHO_UNSEALED_VALUE" in refused.stderr, refused.stderr[-2000:]
+
+    commands = bash_block_after(ROOT / "docs" / "stores.md", "### Re-sealing: old data, retired keys")
+    assert commands == ["lousho reseal --all"]
+    for command in commands:
+        done = run_clean([LOUSHO, *shlex.split(command)[1:]], env={**env, "LOUSHO_PAYLOAD_READ_UNSEALED": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "1 session(s) re-sealed under key k1" in done.stdout
+
+    shown = run_clean([LOUSHO, "show", "s1", "--json"], env=env)
+    assert shown.returncode == 0 and SECRET in shown.stdout, shown.stderr[-2000:]
+    strict = SqliteStore(path, codec=codec("k1"))
+    assert strict.checkpoints.load("s1") == latest
+    strict.close()
