@@ -20,6 +20,7 @@ __all__ = [
     "CorruptCheckpointError",
     "InvalidDecisionError",
     "InvalidInputError",
+    "InvalidProviderAnswerError",
     "InvalidSessionIdError",
     "LeaseLostError",
     "PayloadDecodeError",
@@ -266,6 +267,22 @@ class ProviderError(SDKError):
         self.retryable = retryable
         self.status = status
         self.retry_after_s = retry_after_s
+
+
+class InvalidProviderAnswerError(ProviderError):
+    """A provider's answer that cannot be stored: text no store can encode (a lone surrogate such as U+D800,
+    what a JSON escape "\\ud800" decodes to). Retryable, like any provider failure: the model is asked again,
+    and nothing of the answer is saved (issue #31)."""
+
+    code = "LOUSHO_PROVIDER_INVALID_ANSWER"
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"the provider's answer holds text that cannot be stored ({where}: a lone surrogate, not valid "
+            "Unicode); nothing of it was saved and the model is asked again. If it persists, look at the "
+            "provider or the after_model hook that made it",
+            retryable=True,
+        )
 
 
 class PropagatingToolError(Exception):

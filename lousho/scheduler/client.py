@@ -32,7 +32,7 @@ from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings, celery_config
-from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
+from lousho.inputs import add_input_to_unfinished, continue_finished, validate_business_state, validate_input
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
@@ -100,6 +100,7 @@ class Client:
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
         stored = self.store.checkpoints.load(session_id)
         messages = validate_input(input, stored)  # before anything is written (issue #21)
+        validate_business_state(business_state)  # before the session's epoch is written (issue #31)
         queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
         if stored is None:
             checkpoint: Checkpoint | None = Checkpoint(
