@@ -19,6 +19,7 @@ __all__ = [
     "CorruptApprovalError",
     "CorruptCheckpointError",
     "InvalidDecisionError",
+    "InputTooLargeError",
     "InvalidInputError",
     "InvalidProviderAnswerError",
     "InvalidSessionIdError",
@@ -69,6 +70,21 @@ class InvalidInputError(SDKError, ValueError):
     """Input that would give the provider an invalid transcript; refused before anything is written (issue #21)."""
 
     code = "LOUSHO_INVALID_INPUT"
+
+
+class InputTooLargeError(InvalidInputError):
+    """A job's input, agent name or session id over its configured limit (`FleetSettings.max_input_chars`,
+    `max_agent_name_chars`, `max_session_id_chars`); refused before anything is written. The message says how
+    large and what the limit is, never the value itself (issue #31)."""
+
+    code = "LOUSHO_INPUT_TOO_LARGE"
+
+    def __init__(self, what: str, size: int, limit: int, setting: str) -> None:
+        super().__init__(
+            f"the {what} has {size:,} characters, over the limit of {limit:,} ({setting}: "
+            f"FleetSettings.{setting}, LOUSHO_{setting.upper()}); nothing was written. Send less, or raise the limit"
+        )
+        self.what, self.size, self.limit = what, size, limit
 
 
 class SessionAwaitingApprovalError(SDKError):

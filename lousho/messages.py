@@ -21,6 +21,7 @@ __all__ = [
     "ToolCall",
     "Usage",
     "as_messages",
+    "text_chars",
     "unencodable_text",
 ]
 
@@ -136,6 +137,12 @@ def unencodable_text(message: Message) -> str | None:
         parts.update({f"tool call {i + 1}'s id": call.id, f"tool call {i + 1}'s name": call.name})
         parts[f"tool call {i + 1}'s arguments"] = call.arguments
     return next((f for where, v in parts.items() if (f := _unencodable_in(v, where)) is not None), None)
+
+
+def text_chars(messages: list[Message]) -> int:
+    """How much text `messages` hold, in characters: their contents and their tool calls' arguments (as JSON)."""
+    calls = sum(len(json.dumps(call.arguments, default=str)) for m in messages for call in m.tool_calls)
+    return calls + sum(len(m.content or "") for m in messages)
 
 
 ACCEPTED_INPUT = (
