@@ -33,6 +33,7 @@ __all__ = [
     "SaveNotReplicatedError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
+    "SessionIdTooLongError",
     "SessionNotFoundError",
     "SessionSupersededError",
     "StoreAuthenticationError",
@@ -85,6 +86,13 @@ class InputTooLargeError(InvalidInputError):
             f"FleetSettings.{setting}, LOUSHO_{setting.upper()}); nothing was written. Send less, or raise the limit"
         )
         self.what, self.size, self.limit = what, size, limit
+
+
+class SessionIdTooLongError(InvalidSessionIdError, InputTooLargeError):
+    """A session id over `FleetSettings.max_session_id_chars`: an invalid session id, as one over 200 characters
+    always was, told without quoting it (issue #31)."""
+
+    code = "LOUSHO_INVALID_SESSION_ID"
 
 
 class SessionAwaitingApprovalError(SDKError):

@@ -13,7 +13,7 @@ it imports no agent code, so it deploys apart from the workers and never runs a 
                                an interrupted call (kind "interrupted": it may have run when its worker died)
                                also takes "action": "rerun" | "record" (with "result") | "fail"
 
-Limits (issue #31): a request body over `max_body_bytes` (default 8 MiB) is a 413 before it is read; a job's
+Limits (issue #31): a request body over `max_body_bytes` (default 16 MiB) is a 413 before it is read; a job's
 input, agent name or session id over the `Client`'s `FleetSettings.max_input_chars`, `max_agent_name_chars`,
 `max_session_id_chars` (`LOUSHO_MAX_INPUT_CHARS`, ...) is a 413 (`LOUSHO_INPUT_TOO_LARGE`). No error answer
 quotes what was sent.
@@ -171,7 +171,7 @@ async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
-def create_app(client: Client | None = None, *, max_body_bytes: int = 8 * 1024 * 1024) -> FastAPI:
+def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 * 1024) -> FastAPI:
     """The app; `client` defaults to one built from the environment on first use."""
     api = FastAPI(title="lousho jobs", version="1")
     api.state.client = client

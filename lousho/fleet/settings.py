@@ -83,8 +83,9 @@ class FleetSettings:
     """How long a save waits for `min_replicas_acked` replicas."""
 
     # What `Client.enqueue` takes (issue #31): more is refused with `InputTooLargeError`, nothing written.
-    max_input_chars: int = 2_000_000
-    """The most characters of one job's input: its messages' text and tool-call arguments, all together."""
+    max_input_chars: int = 8_000_000
+    """The most characters of one job's input: its messages' text and tool-call arguments, all together (the
+    default is above any model's context window)."""
     max_agent_name_chars: int = 200
     """The longest agent name a job may name."""
     max_session_id_chars: int = 200

@@ -26,6 +26,7 @@ from lousho.errors import (
     InputTooLargeError,
     SDKError,
     SessionAwaitingApprovalError,
+    SessionIdTooLongError,
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
@@ -140,7 +141,7 @@ class Client:
                 "agent name", len(agent_name), settings.max_agent_name_chars, "max_agent_name_chars"
             )
         if isinstance(session_id, str) and len(session_id) > settings.max_session_id_chars:
-            raise InputTooLargeError(
+            raise SessionIdTooLongError(
                 "session id", len(session_id), settings.max_session_id_chars, "max_session_id_chars"
             )
 
