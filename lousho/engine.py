@@ -19,7 +19,7 @@ from lousho.definition import ResolvedAgent, call_hook
 from lousho.errors import PropagatingToolError
 from lousho.messages import INVALID_JSON_KEY, Message, ToolCall, Usage
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse
-from lousho.providers.calling import OnDelta, OnRetry, ask_model
+from lousho.providers.calling import OnDelta, OnRetry, ask_model, check_storable
 from lousho.tools import ToolContext, describe_validation_error, tool_error
 
 __all__ = [
@@ -172,6 +172,7 @@ async def take_model_turn(
     asked = ask_model(provider, request, retry=agent.definition.retry, on_delta=on_delta, on_retry=on_retry)
     response: ModelResponse = await abortable(asked, signal)
     response = await call_hook(agent.hook("after_model"), response) or response
+    check_storable(response)  # what the hook made of it, too (issue #31)
     message = _unique_call_ids(response.message, step)
     update: dict[str, Any] = {
         "messages": [*checkpoint.messages, message],

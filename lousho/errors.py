@@ -19,7 +19,9 @@ __all__ = [
     "CorruptApprovalError",
     "CorruptCheckpointError",
     "InvalidDecisionError",
+    "InputTooLargeError",
     "InvalidInputError",
+    "InvalidProviderAnswerError",
     "InvalidSessionIdError",
     "LeaseLostError",
     "NewerFormatError",
@@ -34,6 +36,7 @@ __all__ = [
     "SealedValueMismatchError",
     "SessionAwaitingApprovalError",
     "SessionExistsError",
+    "SessionIdTooLongError",
     "SessionNotFoundError",
     "SessionSupersededError",
     "StoreAuthenticationError",
@@ -72,6 +75,28 @@ class InvalidInputError(SDKError, ValueError):
     """Input that would give the provider an invalid transcript; refused before anything is written (issue #21)."""
 
     code = "LOUSHO_INVALID_INPUT"
+
+
+class InputTooLargeError(InvalidInputError):
+    """A job's input, agent name or session id over its configured limit (`FleetSettings.max_input_chars`,
+    `max_agent_name_chars`, `max_session_id_chars`); refused before anything is written. The message says how
+    large and what the limit is, never the value itself (issue #31)."""
+
+    code = "LOUSHO_INPUT_TOO_LARGE"
+
+    def __init__(self, what: str, size: int, limit: int, setting: str) -> None:
+        super().__init__(
+            f"the {what} has {size:,} characters, over the limit of {limit:,} ({setting}: "
+            f"FleetSettings.{setting}, LOUSHO_{setting.upper()}); nothing was written. Send less, or raise the limit"
+        )
+        self.what, self.size, self.limit = what, size, limit
+
+
+class SessionIdTooLongError(InvalidSessionIdError, InputTooLargeError):
+    """A session id over `FleetSettings.max_session_id_chars`: an invalid session id, as one over 200 characters
+    always was, told without quoting it (issue #31)."""
+
+    code = "LOUSHO_INVALID_SESSION_ID"
 
 
 class SessionAwaitingApprovalError(SDKError):
@@ -326,6 +351,22 @@ class ProviderError(SDKError):
         self.retryable = retryable
         self.status = status
         self.retry_after_s = retry_after_s
+
+
+class InvalidProviderAnswerError(ProviderError):
+    """A provider's answer that cannot be stored: text no store can encode (a lone surrogate such as U+D800,
+    what a JSON escape "\\ud800" decodes to). Retryable, like any provider failure: the model is asked again,
+    and nothing of the answer is saved (issue #31)."""
+
+    code = "LOUSHO_PROVIDER_INVALID_ANSWER"
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"the provider's answer holds text that cannot be stored ({where}: a lone surrogate, not valid "
+            "Unicode); nothing of it was saved and the model is asked again. If it persists, look at the "
+            "provider or the after_model hook that made it",
+            retryable=True,
+        )
 
 
 class PropagatingToolError(Exception):

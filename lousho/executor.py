@@ -20,7 +20,7 @@ from lousho.errors import ConfigurationError, InvalidDecisionError
 from lousho.events import EventSink
 from lousho.fork import ForkPatch, ForkResult
 from lousho.fork import fork as _fork
-from lousho.inputs import validate_input
+from lousho.inputs import validate_business_state, validate_input
 from lousho.messages import Message
 from lousho.pausing import check_stored_calls_unchanged
 from lousho.providers.base import LLMProvider
@@ -76,6 +76,7 @@ class AgentExecutor:
             validate_session_id(session_id)
         stored = await load_stored(checkpoint_store, session_id)
         messages = validate_input(input, stored)
+        validate_business_state(business_state)
         resuming = stored is not None and stored.status != "finished"
         resolved = await agent.resolve(stored.run_config if resuming and stored else None, ctx=context)
         run = Run(

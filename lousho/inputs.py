@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic_core import PydanticSerializationError, to_json
+
 from lousho.checkpoint import Checkpoint
 from lousho.errors import InvalidInputError
-from lousho.messages import ACCEPTED_INPUT, Message, Usage, as_messages
+from lousho.messages import ACCEPTED_INPUT, Message, Usage, as_messages, unencodable_text
 
 __all__ = [
     "add_input_to_unfinished",
     "continue_finished",
     "materialize_accepted",
     "start_session",
+    "validate_business_state",
     "validate_input",
 ]
 
@@ -59,6 +62,14 @@ def validate_input(value: object, stored: Checkpoint | None) -> list[Message]:
     and `[]`/None just resumes, but system messages alone are refused rather than silently dropped.
     """
     messages = as_messages(value)
+    for number, message in enumerate(messages, start=1):
+        where = unencodable_text(message)
+        if where is not None:  # it would fail the save, after the run was begun (issue #31)
+            raise _refuse(
+                f"input message {number} ({message.role}) holds text that cannot be stored at {where}: a lone "
+                'surrogate such as U+D800 (what the JSON escape "\\ud800" decodes to) is not valid Unicode. '
+                "Send valid text, e.g. text.encode('utf-8', 'replace').decode()"
+            )
     if stored is None:
         added = messages
     else:
@@ -77,6 +88,18 @@ def validate_input(value: object, stored: Checkpoint | None) -> list[Message]:
             "in input are not sent: send a user message, or input=[] to just resume"
         )
     return messages
+
+
+def validate_business_state(value: Any) -> None:
+    """`InvalidInputError` for a business state no store can save (not JSON, or text that is not valid Unicode),
+    before anything is written (issue #31)."""
+    try:
+        to_json(value)
+    except PydanticSerializationError as exc:
+        raise InvalidInputError(
+            f"business_state cannot be stored ({str(exc)[:200]}); nothing was written. Pass JSON: dicts, lists, "
+            "numbers, booleans, None and valid text"
+        ) from None
 
 
 def start_session(session_id: str, instructions: str, messages: list[Message], business_state: Any) -> Checkpoint:

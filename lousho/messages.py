@@ -13,7 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lousho.errors import InvalidInputError
 
-__all__ = ["ACCEPTED_INPUT", "INVALID_JSON_KEY", "Message", "Role", "ToolCall", "Usage", "as_messages"]
+__all__ = [
+    "ACCEPTED_INPUT",
+    "INVALID_JSON_KEY",
+    "Message",
+    "Role",
+    "ToolCall",
+    "Usage",
+    "as_messages",
+    "text_chars",
+    "unencodable_text",
+]
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -64,12 +74,10 @@ class Message(BaseModel):
 
     @classmethod
     def tool_result(cls, call: ToolCall, result: Any) -> Message:
-        return cls(
-            role="tool",
-            content=json.dumps(result, default=str, ensure_ascii=False),
-            tool_call_id=call.id,
-            name=call.name,
-        )
+        content = json.dumps(result, default=str, ensure_ascii=False)
+        if _first_unencodable(content) is not None:  # a lone surrogate: its JSON escape stores (issue #31)
+            content = json.dumps(result, default=str)
+        return cls(role="tool", content=content, tool_call_id=call.id, name=call.name)
 
     def result(self) -> Any:
         """A tool message's result, decoded from its JSON content."""
@@ -97,6 +105,44 @@ class Usage(BaseModel):
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
         )
+
+
+def _first_unencodable(text: str) -> int | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _unencodable_in(value: Any, where: str) -> str | None:
+    """Where in `value` (a JSON value: text, or lists and dicts of them) text cannot be encoded."""
+    if isinstance(value, str):
+        at = _first_unencodable(value)
+        return None if at is None else f"character {at} of its {where}"
+    if isinstance(value, dict):
+        found = (_unencodable_in(k, f"{where} key") or _unencodable_in(v, f"{where}.{k}") for k, v in value.items())
+        return next((f for f in found if f is not None), None)
+    if isinstance(value, list | tuple):
+        return next((f for i, v in enumerate(value) if (f := _unencodable_in(v, f"{where}[{i}]")) is not None), None)
+    return None
+
+
+def unencodable_text(message: Message) -> str | None:
+    """Where `message` holds text that no store can encode (UTF-8): a lone surrogate such as U+D800, what the
+    JSON escape "\\ud800" decodes to. Say "character 4 of its content"; None when all of it can (issue #31).
+    Never the text itself: it may be large, or secret."""
+    parts: dict[str, Any] = {"content": message.content, "name": message.name, "tool_call_id": message.tool_call_id}
+    for i, call in enumerate(message.tool_calls):
+        parts.update({f"tool call {i + 1}'s id": call.id, f"tool call {i + 1}'s name": call.name})
+        parts[f"tool call {i + 1}'s arguments"] = call.arguments
+    return next((f for where, v in parts.items() if (f := _unencodable_in(v, where)) is not None), None)
+
+
+def text_chars(messages: list[Message]) -> int:
+    """How much text `messages` hold, in characters: their contents and their tool calls' arguments (as JSON)."""
+    calls = sum(len(json.dumps(call.arguments, default=str)) for m in messages for call in m.tool_calls)
+    return calls + sum(len(m.content or "") for m in messages)
 
 
 ACCEPTED_INPUT = (

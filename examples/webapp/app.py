@@ -12,6 +12,11 @@ it imports no agent code, so it deploys apart from the workers and never runs a 
     POST /approvals/{id}       {"approved": true, "note": "..."}: the fleet continues the run at once
                                an interrupted call (kind "interrupted": it may have run when its worker died)
                                also takes "action": "rerun" | "record" (with "result") | "fail"
+
+Limits (issue #31): a request body over `max_body_bytes` (default 16 MiB) is a 413 before it is read; a job's
+input, agent name or session id over the `Client`'s `FleetSettings.max_input_chars`, `max_agent_name_chars`,
+`max_session_id_chars` (`LOUSHO_MAX_INPUT_CHARS`, ...) is a 413 (`LOUSHO_INPUT_TOO_LARGE`). No error answer
+quotes what was sent.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, JsonValue, StrictBool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lousho.approvals import ApprovalSnapshot
 from lousho.errors import (
@@ -28,6 +35,7 @@ from lousho.errors import (
     ApprovalAlreadyResolvedError,
     ApprovalNotFoundError,
     ConfigurationError,
+    InputTooLargeError,
     InvalidDecisionError,
     InvalidInputError,
     InvalidSessionIdError,
@@ -99,6 +107,7 @@ _STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
     (ApprovalAlreadyResolvedError, 409),
     (SessionAwaitingApprovalError, 409),
     (InvalidSessionIdError, 422),
+    (InputTooLargeError, 413),
     (InvalidInputError, 422),
     (InvalidDecisionError, 422),
     (StoreUnavailableError, 503),
@@ -120,10 +129,59 @@ def get_client(request: Request) -> Client:
 ClientDep = Annotated[Client, Depends(get_client)]
 
 
-def create_app(client: Client | None = None) -> FastAPI:
+class BodyLimit:
+    """Answers 413 to a request whose body is over `max_bytes`, before the app reads it (issue #31)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.max_bytes:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counted() -> Message:  # a chunked body declares no length: count what comes
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        detail = f"the request body is over {self.max_bytes:,} bytes; nothing was read or written"
+        await JSONResponse(status_code=413, content={"error": "LOUSHO_INPUT_TOO_LARGE", "detail": detail})(
+            {"type": "http"}, _no_body, send
+        )
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
+
+
+def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 * 1024) -> FastAPI:
     """The app; `client` defaults to one built from the environment on first use."""
     api = FastAPI(title="lousho jobs", version="1")
     api.state.client = client
+    api.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422 without the `input` it quotes by default: a 1 MB value is not sent back (issue #31)."""
+        errors = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse(status_code=422, content={"detail": errors})
 
     @api.exception_handler(SDKError)
     async def sdk_error(request: Request, exc: SDKError) -> JSONResponse:

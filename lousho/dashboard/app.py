@@ -12,10 +12,15 @@ my_app.mount("/dashboard", create_dashboard(store, read_only=True))
 `read_only=True` refuses every POST with 403. On a fleet (a `RedisStore` bundle) decisions and runs go
 through `client` (a `lousho.scheduler.Client`), which wakes the workers as `lousho approve` does.
 
-`routers=` adds your own APIRouters (guarded by the same `auth`). `/metrics` (issue #19, item 2) is
-`lousho.telemetry.metrics.metrics_app(bundle)` mounted as its own ASGI app when `prometheus_client` is
-installed (the `metrics` extra) and `metrics=True`: a mount is outside the routers, so `auth` does not guard
-it (a scraper has no login); pass `metrics=False` and mount it yourself behind your own guard if it must be.
+`routers=` adds your own APIRouters (guarded by the same `auth`). `/metrics` (issue #19, item 2) serves
+`lousho.telemetry.metrics.metrics_registry(bundle)` when `prometheus_client` is installed (the `metrics` extra)
+and `metrics=True`, behind `auth` like every page (issue #31); `metrics_public=True` serves it to anyone (a
+scraper with no login), `metrics=False` not at all.
+
+Every answer carries `security.SECURITY_HEADERS` (a Content-Security-Policy that allows only the dashboard's own
+files, no framing, no sniffing); forms carry a CSRF token signed with `secret` (default: `LOUSHO_DASHBOARD_SECRET`,
+else random per process: give every process of one dashboard the same), and what a POST did is told by a signed
+flash message, never by the URL (`security.py`).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.exceptions import HTTPException
 from fastapi.responses import FileResponse, Response
+from starlette.requests import Request
 
 from lousho.dashboard import routes_approvals, routes_compare, routes_fleet, routes_history, routes_sessions
 from lousho.dashboard.pages import Pages
+from lousho.dashboard.security import DashboardSecret, GuardedRoute
 from lousho.dashboard.views import DashboardContext
 from lousho.errors import ConfigurationError
 from lousho.scheduler.client import Client
@@ -56,14 +63,16 @@ def dashboard_router(
     client: Client | None = None,
     read_only: bool = False,
     auth: Callable[..., Any] | None = None,
+    secret: str | bytes | None = None,
 ) -> APIRouter:
     """The dashboard's pages as an APIRouter, for `app.include_router(router, prefix=...)`."""
     ctx = _context(bundle, client, read_only)
-    return _router(ctx, auth)
+    return _router(ctx, auth, DashboardSecret(secret))
 
 
-def _router(ctx: DashboardContext, auth: Callable[..., Any] | None) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(auth)] if auth is not None else [])
+def _router(ctx: DashboardContext, auth: Callable[..., Any] | None, secret: DashboardSecret) -> APIRouter:
+    guards = [Depends(secret.attach), *([Depends(auth)] if auth is not None else [])]
+    router = APIRouter(dependencies=guards, route_class=GuardedRoute)
     pages = Pages(ctx)
     for module in (routes_sessions, routes_history, routes_approvals, routes_compare, routes_fleet):
         module.add_routes(router, ctx, pages)
@@ -86,26 +95,42 @@ def create_dashboard(
     auth: Callable[..., Any] | None = None,
     routers: Sequence[APIRouter] = (),
     metrics: bool = True,
+    metrics_public: bool = False,
+    secret: str | bytes | None = None,
 ) -> FastAPI:
     """The dashboard as a FastAPI app over `bundle` (any store the CLI opens); mount it or serve it."""
     ctx = _context(bundle, client, read_only)
     app = FastAPI(title="lousho dashboard", docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(_router(ctx, auth))
+    app.include_router(_router(ctx, auth, DashboardSecret(secret)))
     guard = [Depends(auth)] if auth is not None else []
     for extra in routers:
         app.include_router(extra, dependencies=guard)
-    metrics_app = _metrics_app(bundle) if metrics else None
-    if metrics_app is not None:
-        app.mount("/metrics", metrics_app)
+    scrape = _metrics_route(bundle) if metrics else None
+    if scrape is not None:  # behind `auth` unless the operator opts out (issue #31)
+        for path in ("/metrics", "/metrics/"):
+            app.add_api_route(path, scrape, dependencies=[] if metrics_public else guard, include_in_schema=False)
     return app
 
 
-def _metrics_app(bundle: StoreBundle) -> Any:
-    """The Prometheus app of the metrics helper (issue #19, item 2); None without `prometheus_client`."""
+def _metrics_route(bundle: StoreBundle) -> Callable[[Request], Response] | None:
+    """The Prometheus scrape of the metrics helper (issue #19, item 2); None without `prometheus_client`."""
     try:
-        from lousho.telemetry.metrics import metrics_app
+        from prometheus_client.exposition import choose_encoder
+
+        from lousho.telemetry.metrics import metrics_registry
     except ModuleNotFoundError as exc:
-        if exc.name not in ("prometheus_client", "lousho.telemetry", "lousho.telemetry.metrics"):
+        if exc.name not in (
+            "prometheus_client",
+            "prometheus_client.exposition",
+            "lousho.telemetry",
+            "lousho.telemetry.metrics",
+        ):
             raise
         return None
-    return metrics_app(bundle)
+    registry = metrics_registry(bundle)
+
+    def scrape(request: Request) -> Response:
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(registry), media_type=content_type)
+
+    return scrape

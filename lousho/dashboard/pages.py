@@ -10,7 +10,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from lousho.dashboard.security import CSRF_FIELD, csrf_token, remember_token
+from lousho.dashboard.security import CSRF_FIELD, csrf_token, remember_token, take_flash
 from lousho.dashboard.views import DashboardContext
 
 __all__ = ["Pages", "age_text"]
@@ -33,6 +33,7 @@ class Pages:
             "read_only": self.ctx.read_only,
             "on_fleet": self.ctx.fleet_store is not None,
             "can_run": self.ctx.client is not None and not self.ctx.read_only,
+            "note": take_flash(request),  # what the last POST did: signed by the server, never from the URL
             **values,
         }
         response = self.templates.TemplateResponse(request, template, context, status_code=status_code)

@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from lousho.dashboard.actions import decide_approval
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.routes_sessions import refused
-from lousho.dashboard.security import check_post
+from lousho.dashboard.security import check_post, flash
 from lousho.dashboard.views import DashboardContext, pending_approvals
 from lousho.errors import SDKError
 
@@ -18,12 +18,12 @@ __all__ = ["add_routes"]
 
 def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/approvals", name="approvals", response_class=HTMLResponse)
-    def approvals(request: Request, note: str = "") -> HTMLResponse:
+    def approvals(request: Request) -> HTMLResponse:
         try:
             pending = pending_approvals(ctx)
         except SDKError as exc:
             return refused(pages, request, exc)
-        return pages.render(request, "approvals.html", pending=pending, skipped=pending.skipped, note=note)
+        return pages.render(request, "approvals.html", pending=pending, skipped=pending.skipped)
 
     @router.post("/approvals/{approval_id}", name="decide")
     async def decide(request: Request, approval_id: str) -> Response:
@@ -40,4 +40,4 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         then = "the fleet continues the run" if ctx.client else "the next resume of the session applies it"
         chose = f" ({snapshot.action})" if getattr(snapshot, "action", None) else ""
         note = f"{snapshot.status}{chose} {snapshot.id} ({snapshot.tool_call.name} of {snapshot.session_id}): {then}"
-        return RedirectResponse(str(request.url_for("approvals").include_query_params(note=note)), status_code=303)
+        return flash(request, RedirectResponse(str(request.url_for("approvals")), status_code=303), note)

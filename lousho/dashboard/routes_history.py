@@ -9,7 +9,7 @@ from starlette.concurrency import run_in_threadpool
 from lousho.dashboard.actions import ForkForm, fork_from_save
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.routes_sessions import refused
-from lousho.dashboard.security import check_post
+from lousho.dashboard.security import check_post, flash
 from lousho.dashboard.views import DashboardContext, history_of, load_session
 from lousho.errors import ConfigurationError, SDKError
 
@@ -53,5 +53,5 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         except SDKError as exc:
             return refused(pages, request, exc)
         note = f"forked {session_id} at step {forked.step} (save {forked.save}); {forked.then}"
-        url = request.url_for("session", session_id=forked.session_id).include_query_params(note=note)
-        return RedirectResponse(str(url), status_code=303)
+        url = request.url_for("session", session_id=forked.session_id)
+        return flash(request, RedirectResponse(str(url), status_code=303), note)

@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from lousho.dashboard.actions import resume_session
 from lousho.dashboard.pages import Pages
-from lousho.dashboard.security import check_post
+from lousho.dashboard.security import check_post, flash
 from lousho.dashboard.views import (
     STATUSES,
     DashboardContext,
@@ -61,7 +61,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         return response
 
     @router.get("/sessions/{session_id}", name="session", response_class=HTMLResponse)
-    def session(request: Request, session_id: str, note: str = "") -> HTMLResponse:
+    def session(request: Request, session_id: str) -> HTMLResponse:
         parked = ctx.parked_reasons().get(session_id)
         try:
             checkpoint = load_session(ctx, session_id)
@@ -82,7 +82,6 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             subs=subs,
             drift=fingerprint_drift(checkpoint, history),
             fork_source=fork_source(ctx, session_id),
-            note=note,
         )
 
     @router.get("/sessions/{session_id}/version", name="session_version")
@@ -102,5 +101,5 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             then = await run_in_threadpool(resume_session, ctx, session_id)
         except SDKError as exc:
             return refused(pages, request, exc)
-        url = request.url_for("session", session_id=session_id).include_query_params(note=f"resumed: {then}")
-        return RedirectResponse(str(url), status_code=303)
+        url = request.url_for("session", session_id=session_id)
+        return flash(request, RedirectResponse(str(url), status_code=303), f"resumed: {then}")

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from kombu.exceptions import ChannelError
+
 from lousho.checkpoint import Checkpoint
 from lousho.fleet.protocol import message_headers
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
@@ -24,6 +26,7 @@ __all__ = [
     "send_advance",
     "send_model_turn",
     "send_tool_call",
+    "queue_is_empty",
     "tool_call_task",
     "tool_turn",
     "turn_number",
@@ -96,6 +99,20 @@ def send_tool_call(app: Any, session_id: str, tool_call_id: str, tool_name: str,
 
 def send_advance(app: Any, session_id: str, reason: str, queue: str | None = None) -> None:
     send(app, advance_task(session_id, reason), queue)
+
+
+def queue_is_empty(app: Any, queue: str | None = None) -> bool:
+    """Whether no message waits on `queue` (default: the app's): a passive declare, which both kombu's Redis
+    transport (every priority list) and RabbitMQ answer with the count of ready messages; a queue the broker
+    does not know holds none. How the reaper tells a re-send that was lost from one still queued (issue #31)."""
+    with app.connection_for_read() as connection:
+        try:
+            declared = connection.default_channel.queue_declare(
+                queue=queue or app.conf.task_default_queue, passive=True
+            )
+        except ChannelError:
+            return True
+        return int(declared.message_count) == 0
 
 
 def turn_number(checkpoint: Checkpoint) -> int:

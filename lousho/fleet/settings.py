@@ -82,6 +82,15 @@ class FleetSettings:
     replica_ack_timeout_ms: int = 1000
     """How long a save waits for `min_replicas_acked` replicas."""
 
+    # What `Client.enqueue` takes (issue #31): more is refused with `InputTooLargeError`, nothing written.
+    max_input_chars: int = 8_000_000
+    """The most characters of one job's input: its messages' text and tool-call arguments, all together (the
+    default is above any model's context window)."""
+    max_agent_name_chars: int = 200
+    """The longest agent name a job may name."""
+    max_session_id_chars: int = 200
+    """The longest session id a job may name (at most 200: what keys and task ids carry)."""
+
     @property
     def requeue_wait_ms(self) -> int:
         """How long a requeue the reaper sent may wait on the queue before it sends another (the first

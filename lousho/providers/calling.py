@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from lousho.errors import ProviderError
+from lousho.errors import InvalidProviderAnswerError, ProviderError
+from lousho.messages import unencodable_text
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, RetryPolicy, StreamingProvider
 
-__all__ = ["OnDelta", "OnRetry", "ask_model"]
+__all__ = ["OnDelta", "OnRetry", "ask_model", "check_storable"]
 
 OnDelta = Callable[[str], Awaitable[None]]
 OnRetry = Callable[[int, float, ProviderError], Awaitable[None]]
@@ -26,6 +27,14 @@ async def _stream(provider: StreamingProvider, request: ModelRequest, on_delta: 
     return response
 
 
+def check_storable(response: ModelResponse) -> None:
+    """`InvalidProviderAnswerError` (retryable) for an answer no store could save: asked again, like any
+    provider failure, instead of failing the save after the turn began (issue #31)."""
+    where = unencodable_text(response.message)
+    if where is not None:
+        raise InvalidProviderAnswerError(where)
+
+
 async def ask_model(
     provider: LLMProvider,
     request: ModelRequest,
@@ -39,8 +48,11 @@ async def ask_model(
     while True:
         try:
             if on_delta is not None and isinstance(provider, StreamingProvider):
-                return await _stream(provider, request, on_delta)
-            return await provider.generate(request)
+                response = await _stream(provider, request, on_delta)
+            else:
+                response = await provider.generate(request)
+            check_storable(response)
+            return response
         except ProviderError as exc:
             if not exc.retryable or attempt >= retry.max_attempts:
                 raise

@@ -23,8 +23,10 @@ from lousho.engine import ModelTurn, next_step
 from lousho.errors import (
     AgentNotServedError,
     ConfigurationError,
+    InputTooLargeError,
     SDKError,
     SessionAwaitingApprovalError,
+    SessionIdTooLongError,
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
@@ -32,7 +34,8 @@ from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings, celery_config
-from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
+from lousho.inputs import add_input_to_unfinished, continue_finished, validate_business_state, validate_input
+from lousho.messages import Message, text_chars
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
@@ -96,10 +99,16 @@ class Client:
         when one is named). When none does, `AgentNotServedError` names what is served, and nothing is
         written; `require_worker=False` enqueues ahead of the workers: the message waits on the named
         queue, or, with none named, the session waits until the reaper sees a worker serving its agent
-        (issue #15)."""
+        (issue #15).
+
+        An input, agent name or session id over `settings.max_input_chars`, `max_agent_name_chars` or
+        `max_session_id_chars` raises `InputTooLargeError`, which names no part of it (issue #31)."""
+        self._check_name_lengths(agent_name, session_id)
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
         stored = self.store.checkpoints.load(session_id)
         messages = validate_input(input, stored)  # before anything is written (issue #21)
+        self._check_input_size(messages)
+        validate_business_state(business_state)  # before the session's epoch is written (issue #31)
         queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
         if stored is None:
             checkpoint: Checkpoint | None = Checkpoint(
@@ -123,6 +132,23 @@ class Client:
         except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
             raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from None
         return session_id
+
+    def _check_name_lengths(self, agent_name: object, session_id: object) -> None:
+        """Names over their limits refused before they are used, or shown in an error (issue #31)."""
+        settings = self.settings
+        if isinstance(agent_name, str) and len(agent_name) > settings.max_agent_name_chars:
+            raise InputTooLargeError(
+                "agent name", len(agent_name), settings.max_agent_name_chars, "max_agent_name_chars"
+            )
+        if isinstance(session_id, str) and len(session_id) > settings.max_session_id_chars:
+            raise SessionIdTooLongError(
+                "session id", len(session_id), settings.max_session_id_chars, "max_session_id_chars"
+            )
+
+    def _check_input_size(self, messages: list[Message]) -> None:
+        size = text_chars(messages)
+        if size > self.settings.max_input_chars:
+            raise InputTooLargeError("input", size, self.settings.max_input_chars, "max_input_chars")
 
     def _queue_for(self, agent_name: str, require_worker: bool) -> str | None:
         """Where a job of `agent_name` goes (None: nowhere yet, the reaper sends it); `AgentNotServedError`

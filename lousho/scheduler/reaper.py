@@ -14,12 +14,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from kombu.exceptions import OperationalError
 
 from lousho.errors import StoreUnavailableError
-from lousho.fleet.dispatch import send_advance
+from lousho.fleet.dispatch import queue_is_empty, send_advance
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.liveness import DeathWatch
@@ -31,9 +31,13 @@ from lousho.stores.redis_common import redis_errors
 from lousho.stores.redis_slots import on_shards
 from lousho.telemetry.hooks import instrument_fleet, requeueing
 
-__all__ = ["Requeue", "reap_once", "run_reaper", "sweep_dead_workers"]
+__all__ = ["REQUEUE_LOST_AFTER_MS", "Requeue", "reap_once", "run_reaper", "sweep_dead_workers"]
 
 log = logging.getLogger("lousho.reaper")
+
+REQUEUE_LOST_AFTER_MS = 3_600_000
+"""A re-send nobody took in this long is sent again even while its queue holds messages: the broker's
+`visibility_timeout`, after which even a message a dead worker held is back on the queue (issue #31)."""
 
 
 def reap_once(
@@ -60,12 +64,33 @@ def reap_once(
 
 class Requeue:
     """Requeue one session now (an `advance` task), unless a live worker holds it, it is parked or aborted,
-    no live worker serves its agent, or the last requeue still waits on the queue; True when sent."""
+    no live worker serves its agent, or the last requeue may still wait on the queue; True when sent.
+
+    At most one re-send per session waits on a queue, whatever `requeue_backoff_s` (issue #31): the session's
+    mark (`FleetKeys.requeued`: when the last was sent) holds until a worker takes that re-send; one sent more
+    than `requeue_wait_ms` ago counts as lost only once its queue is empty (a queue is first in, first out:
+    had it been queued, a worker would have taken it), or after `REQUEUE_LOST_AFTER_MS`."""
 
     def __init__(self, store: RedisStore, app: Any, settings: FleetSettings, inflight: InflightIndex, now_ms: int):
         self.store, self.app, self.settings, self.inflight, self.now_ms = store, app, settings, inflight, now_ms
         self.keys = FleetKeys(store)
         self.served: ServedAgents | None = None
+        self.empty: dict[str, bool] = {}
+        """Per queue, whether it was empty when this pass first asked."""
+
+    def _may_still_wait(self, session_id: str, queue: str) -> bool:
+        """Whether the session's last re-send may still be queued (a worker that takes it deletes the mark,
+        `SessionSteps.advance`)."""
+        with redis_errors(self.store.client, f"read the requeue mark of session {session_id!r}"):
+            sent_at = cast(bytes | None, self.store.client.get(self.keys.requeued(session_id)))
+        if sent_at is None:
+            return False
+        age_ms = self.now_ms - int(sent_at)
+        if age_ms < self.settings.requeue_wait_ms:
+            return True
+        if queue not in self.empty:
+            self.empty[queue] = queue_is_empty(self.app, queue)
+        return not self.empty[queue] and age_ms < REQUEUE_LOST_AFTER_MS
 
     def __call__(self, session_id: str) -> bool:
         client, keys, settings = self.store.client, self.keys, self.settings
@@ -81,8 +106,10 @@ class Requeue:
             if queue is None:
                 return False  # no live worker serves its agent: it stays due, and is looked at again next pass
         self.inflight.touch(session_id, self.now_ms + round(settings.requeue_backoff_s * 1000))
-        if not _mark_requeue(client, keys.requeued(session_id), self.now_ms, settings.requeue_wait_ms):
-            return False  # our last requeue still waits on a busy queue: another would only pile up (issue #21)
+        if self._may_still_wait(session_id, queue):
+            return False  # our last requeue may still wait on a busy queue: another would only pile up (issue #31)
+        with redis_errors(client, f"mark the requeue of session {session_id!r}"):
+            client.set(keys.requeued(session_id), self.now_ms, px=REQUEUE_LOST_AFTER_MS)
         with requeueing(self.store, session_id):  # counted, and traced when traces are on (issue #19)
             send_advance(self.app, session_id, "reaper", queue)
         return True
@@ -109,16 +136,6 @@ def _retried_later(
     except (StoreUnavailableError, OperationalError) as exc:
         log.warning("reaper: %s failed, retrying in %ss: %s", what, tick_s, exc)
         return []
-
-
-def _mark_requeue(client: Any, mark: str, now_ms: int, wait_ms: int) -> bool:
-    """Mark a requeue about to be sent, unless the last one is still waiting to be taken (the mark
-    holds until when it may wait: a worker that takes it deletes it, `SessionSteps.advance`)."""
-    waiting = client.get(mark)
-    if waiting is not None and int(waiting) > now_ms:
-        return False
-    client.set(mark, now_ms + wait_ms, px=wait_ms)
-    return True
 
 
 def run_reaper(

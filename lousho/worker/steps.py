@@ -39,7 +39,7 @@ from lousho.engine import (
     plan_tool_call,
     record_tool_result,
 )
-from lousho.errors import CheckpointConflictError, PropagatingToolError, SessionSupersededError
+from lousho.errors import CheckpointConflictError, PropagatingToolError, ProviderError, SessionSupersededError
 from lousho.fleet.dispatch import send_advance, tool_turn, turn_number
 from lousho.fleet.keys import result_field
 from lousho.inputs import materialize_accepted
@@ -130,6 +130,17 @@ class SessionSteps:
         if self.scripts.park(self.session_id, self.epoch, reason):
             log.error("parked session %s: %s", self.session_id, reason)
         settle_slot(self, "parked")
+
+    def provider_failed(self, turn: int, error: ProviderError) -> bool:
+        """A model turn whose provider failed (after its own retries, `RetryPolicy`): the worker lived to see
+        it, so it is no start that crashed: the start is given back and the failure counted apart. True when
+        that was the `max_attempts`th: the session is parked, with the provider's error (issue #31)."""
+        self.count_attempt(f"turn:{turn}", -1)
+        failed = self.count_attempt(f"provider:{turn}")
+        if failed < self.runtime.settings.max_attempts:
+            return False
+        self.park(f"the provider failed model turn {turn} {failed} times, each after its retries: {error}")
+        return True
 
     # -- advance -----------------------------------------------------------------------
 
@@ -230,7 +241,12 @@ class SessionSteps:
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
                     return "parked"
-                checkpoint = await self.model_turn(run, checkpoint)
+                try:
+                    checkpoint = await self.model_turn(run, checkpoint)
+                except ProviderError as exc:
+                    if self.provider_failed(turn, exc):
+                        return "parked"
+                    raise
                 if self.step_end.done:
                     return "finished" if checkpoint.status == "finished" else "tools-dispatched"
                 expected_turn = None

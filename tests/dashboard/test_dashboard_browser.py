@@ -62,6 +62,8 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
     fleet.script("warm-up", [tool_turn(("k1", "work", {"n": 2})), Message.assistant("The square of 2 is 4.")])
     fleet.start_worker("w1")
     with serving(create_dashboard(fleet.store, client=fleet.client)) as base, chromium_page() as page:
+        blocked: list[str] = []  # what the Content-Security-Policy refused (issue #31): nothing of the dashboard's own
+        page.on("console", lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None)
         fleet.client.enqueue("jobs", "Square 2", session_id="warm-up")
         fleet.wait_for(["warm-up"], timeout_s=60)
         page.goto(f"{base}/")
@@ -69,6 +71,9 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         page.wait_for_selector('tr[data-session="pay"] .status.awaiting-approval', timeout=60_000)  # live rows
         assert page.inner_text("#pager-shown") == "1-2 of 2"
         shoot(page, shots, "sessions")
+        page.select_option("#status-filter", "finished")  # filters at once (live.js: the CSP allows no inline handler)
+        page.wait_for_url("**status=finished**")
+        assert page.locator('tr[data-session="pay"]').count() == 0
 
         page.goto(f"{base}/approvals")
         row = page.locator("tr[data-approval]").filter(has_text="charge")
@@ -111,5 +116,6 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         assert "jobs" in page.inner_text("table.workers") and fleet.queue in page.inner_text("table.queues")
         assert "busy" in page.inner_text("table.inflight") and "s1" in page.inner_text("table.running")
         shoot(page, shots, "fleet")
+    assert blocked == []
     assert fleet.counts("runs") == {"k1": 1, "w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
     assert {shot.stem: shot.read_bytes()[:8] for shot in shots.glob("*.png")} == dict.fromkeys(PAGES, PNG)

@@ -92,6 +92,12 @@ async def test_a_business_state_that_is_not_json_fails_before_anything_is_stored
 # -- input that would break the transcript (issue #21): refused at the boundary, nothing written -------------
 
 CALL = {"id": "c1", "name": "weather", "arguments": {"city": "Lisbon"}}
+UNENCODABLE: list[Any] = [  # lone surrogates: what a JSON escape such as "\ud800" decodes to (issue #31)
+    "\ud800 hi",
+    {"role": "user", "content": "fine \udfff"},
+    ["ok", Message.user("half an emoji: \ud83d")],
+    [Message.system("Be \ud800 terse."), Message.user("hi")],
+]
 WRONG_SHAPES: list[Any] = [123, [1, 2], {"foo": "bar"}, [["hi"]], b"hi", {"role": "user", "content": 5}, 1.5]
 BREAKS_THE_TRANSCRIPT: list[Any] = [
     {"role": "tool", "content": '{"forecast": "sun"}', "tool_call_id": "c1", "name": "weather"},
@@ -103,6 +109,7 @@ BREAKS_THE_TRANSCRIPT: list[Any] = [
     "   ",
     {"role": "user"},
     ["hi", {"role": "assistant", "content": ""}],
+    *UNENCODABLE,
 ]
 NOTHING_TO_START_FROM: list[Any] = [None, [], [Message.system("You are a pirate.")], [{"role": "assistant", "content": "Hello!"}]]
 
@@ -204,6 +211,29 @@ async def test_create_agent_send_and_stream_refuse_bad_input_the_same_way(bad: A
     assert durable.store.checkpoints.sessions() == []
 
 
+async def test_text_that_cannot_be_stored_is_refused_naming_where_without_echoing_it(store: MemoryStore, agent: Agent) -> None:
+    provider = ScriptedProvider(["hi"])
+
+    with pytest.raises(InvalidInputError) as raised:
+        await AgentExecutor.execute(agent=agent, input=["hello", "so \ud800 secret"], provider=provider, session_id="s",
+                                    checkpoint_store=store.checkpoints)
+
+    assert "message 2 (user) holds text that cannot be stored at character 3 of its content" in str(raised.value)
+    assert "secret" not in str(raised.value) and "\ud800" not in str(raised.value)
+    assert store.checkpoints.sessions() == [] and provider.calls == []
+
+
+@pytest.mark.parametrize("state", [{"note": "\ud800"}, {"when": object()}, ["ok", {"deep": ["\udfff"]}]])
+async def test_a_business_state_that_cannot_be_stored_is_invalid_input_and_nothing_is_written(
+    store: MemoryStore, agent: Agent, state: Any
+) -> None:
+    with pytest.raises(InvalidInputError, match="business_state cannot be stored"):
+        await AgentExecutor.execute(agent=agent, input="hi", provider=ScriptedProvider(["x"]), session_id="s",
+                                    checkpoint_store=store.checkpoints, business_state=state)
+
+    assert store.checkpoints.sessions() == []
+
+
 def test_a_fleet_session_opens_with_the_same_transcript_as_one_in_process() -> None:
     given = [Message.system("You are terse."), Message.user("hi")]
     accepted = Checkpoint(session_id="s", agent_name="a", pending_input=given, business_state={"k": 1})
@@ -257,3 +287,34 @@ def test_every_store_refuses_a_decision_that_is_not_a_bool(any_store: Any, appro
         any_store.approvals.decide("appr_lax", approved, None)
 
     assert any_store.approvals.load("appr_lax").status == "pending"
+
+
+async def test_nul_characters_in_input_and_answers_round_trip_on_every_store(any_store: Any) -> None:
+    """NUL is valid Unicode, and every store keeps its JSON escape (PostgreSQL's text refuses a raw NUL, never
+    sees one): it is kept, not refused (issue #31)."""
+    durable = create_agent(provider=ScriptedProvider(["an\x00swer"]), instructions="Answer.", store=any_store)
+
+    await durable.send("nul \x00 here", session_id="nul")
+
+    stored = any_store.checkpoints.load("nul")
+    assert [m.content for m in stored.messages] == ["Answer.", "nul \x00 here", "an\x00swer"]
+
+
+async def test_a_tool_result_with_a_lone_surrogate_is_stored_as_its_json_escape_and_the_run_goes_on() -> None:
+    from pydantic import BaseModel
+
+    from lousho import define_tool
+
+    class Text(BaseModel):
+        text: str
+
+    mangle = define_tool(name="mangle", description="Cut text", input=Text, execute=lambda args, ctx: {"cut": args.text[:1] + "\ud83d"})
+    store = memory_store()
+    durable = create_agent(provider=ScriptedProvider([tool_calls(("c1", "mangle", {"text": "😀"})), "done"]),
+                           agent=Agent(name="a", model="m", tools=[mangle]), store=store)
+
+    result = await durable.send("cut it", session_id="t")
+
+    tool_message = store.checkpoints.load("t").messages[-2]  # type: ignore[union-attr]
+    assert result.text == "done" and tool_message.content == '{"cut": "\\ud83d\\ude00\\ud83d"}'
+    assert tool_message.result() == {"cut": "😀\ud83d"}

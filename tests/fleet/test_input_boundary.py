@@ -26,6 +26,8 @@ REFUSED_ANYWHERE: list[Any] = [
     [{"role": "user", "content": "go"}, {"role": "assistant", "tool_calls": [CALL]}],
     "",
     [Message.system("You are a pirate.")],
+    "\ud800 hi",  # a lone surrogate: no store can encode it (issue #31)
+    [{"role": "user", "content": "ok"}, {"role": "user", "content": "half an emoji \ud83d"}],
 ]
 REFUSED_FOR_A_NEW_SESSION: list[Any] = [None, [], [{"role": "assistant", "content": "Hello!"}]]
 LAX_DECISIONS: list[Any] = ["no", 0, "false", "off", "yes", 1, None, "maybe", 2]
@@ -67,6 +69,16 @@ def test_enqueue_refuses_input_that_breaks_a_stored_sessions_transcript_and_chan
         fleet.client.enqueue("jobs", bad, session_id="kept")
 
     assert everything(fleet) == before
+
+
+@pytest.mark.parametrize("state", [{"note": "\ud800"}, {"when": object()}])
+def test_enqueue_refuses_a_business_state_that_cannot_be_stored_and_writes_no_key(fleet: Fleet, state: Any) -> None:
+    before = everything(fleet)
+
+    with pytest.raises(InvalidInputError, match="business_state cannot be stored"):
+        fleet.client.enqueue("jobs", "go", session_id="fresh", business_state=state)
+
+    assert everything(fleet) == before  # no epoch key either (issue #31)
 
 
 def test_an_assistant_turn_with_tool_calls_is_refused_before_it_can_loop_on_the_fleet(fleet: Fleet) -> None:

@@ -13,6 +13,7 @@ from lousho import Message
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.settings import celery_config
 from lousho.scheduler import Client, reap_once
+from lousho.scheduler.reaper import REQUEUE_LOST_AFTER_MS
 from lousho.worker import FleetSettings, broker_url
 from lousho.worker.leases import Lease
 from tests.fleet.conftest import Fleet, tool_turn
@@ -27,8 +28,9 @@ class Recorder:
 
     def __init__(self, queue: str) -> None:
         self.sent: list[tuple[str, list[Any], str]] = []
-        self.conf = Celery("recorder", set_as_current=False).conf
-        self.conf.update(celery_config("memory://", FleetSettings(queue=queue)))
+        app = Celery("recorder", set_as_current=False)
+        app.conf.update(celery_config("memory://", FleetSettings(queue=queue)))
+        self.conf, self.connection_for_read = app.conf, app.connection_for_read  # its queues: always empty
 
     def send_task(self, name: str, args: list[Any], task_id: str, **_: Any) -> None:
         self.sent.append((name, args, task_id))
@@ -97,6 +99,28 @@ def test_a_requeue_still_waiting_on_the_queue_is_not_sent_again_until_it_may_be_
         passes.append(reap_once(fleet.store, recorder, settings, now_ms=at))
 
     assert passes == [["waits"], [], [], ["waits"]]
+
+
+def test_a_requeue_is_not_sent_again_while_its_queue_holds_messages_whatever_the_backoff(fleet: Fleet) -> None:
+    """At most one re-send per session waits on a queue (issue #31): past `requeue_wait_ms`, another goes only
+    once the queue is empty (a queued one would have been taken) or after `REQUEUE_LOST_AFTER_MS`."""
+    fleet.client.enqueue("jobs", "go", session_id="backlog", require_worker=False)  # its message waits: no worker
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=0.5)
+    now = later(fleet)
+
+    def reap(at: int) -> list[str]:
+        fleet.redis.delete(*fleet.client.keys.reaper_locks)
+        return reap_once(fleet.store, fleet.client.app, settings, now_ms=at)
+
+    first = reap(now)
+    busy = [reap(now + settings.requeue_wait_ms * k) for k in (1, 10, 100)]
+    queued = fleet.redis.llen(fleet.queue)
+    long_lost = reap(now + REQUEUE_LOST_AFTER_MS)
+    fleet.redis.delete(fleet.queue)  # the queue drained, and the last re-send with it: it was lost
+    drained = reap(now + REQUEUE_LOST_AFTER_MS + settings.requeue_wait_ms)
+
+    assert (first, busy, queued) == (["backlog"], [[], [], []], 2)
+    assert (long_lost, drained) == (["backlog"], ["backlog"])
 
 
 def test_several_reapers_at_once_requeue_each_session_once(fleet: Fleet) -> None:
