@@ -37,13 +37,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 
-from lousho.cli_render import console as default_console
-from lousho.cli_render import short
+from lousho.cli.render import console as default_console
 from lousho.demo import fleet_view
 from lousho.demo.fleet_view import text_of
 from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
 from lousho.local_redis import local_redis
+from lousho.operations.text import short
 from lousho.redaction import redact_url
 from lousho.scheduler import Client, SessionStatus, reap_once
 from lousho.settings import LoushoSettings

@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from lousho.cli_render import short, transcript_table
+from lousho.cli.render import transcript_table
 from lousho.demo.tracking import asked_key, runs_key
+from lousho.operations.text import short
 from lousho.redaction import redact_url
 from lousho.scheduler import SessionStatus
 

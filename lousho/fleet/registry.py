@@ -64,6 +64,8 @@ class LiveWorker:
     """The queues it consumes."""
     agents: tuple[str, ...]
     """The agents it serves (its sub-agents included)."""
+    name: str | None = None
+    """Its Celery node name (`lousho worker`'s default: `<queue or app>-<pid>@<host>`; issue #32)."""
 
 
 @dataclass(frozen=True)
@@ -156,5 +158,6 @@ class WorkerRegistry:
         for worker_id, entry in sorted(self.entries().items()):
             expires, queues, agents = entry.get("expires_ms"), entry.get("queues"), entry.get("agents")
             if isinstance(expires, int) and expires > now_ms and isinstance(queues, list) and isinstance(agents, list):
-                workers.append(LiveWorker(worker_id, tuple(map(str, queues)), tuple(map(str, agents))))
+                name = entry.get("name") if isinstance(entry.get("name"), str) else None
+                workers.append(LiveWorker(worker_id, tuple(map(str, queues)), tuple(map(str, agents)), name))
         return ServedAgents(tuple(workers))

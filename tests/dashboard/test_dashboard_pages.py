@@ -13,11 +13,10 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.testclient import TestClient
 
 from lousho.checkpoint import Checkpoint
-from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
-from lousho.dashboard.pages import age_text
 from lousho.dashboard.views import PAGE_ROWS
 from lousho.errors import ConfigurationError
+from lousho.operations import age_text, sync
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url

@@ -33,13 +33,22 @@ def lousho(*args: str, env: dict[str, Any] | None = None, ok: bool = True) -> An
     return result
 
 
-def assert_one_line_error(result: Any, *fragments: str) -> None:
-    assert result.exit_code == 1, result.output
+def assert_one_line_error(result: Any, *fragments: str, code: int = 1) -> None:
+    """One line on stderr, `error: [CODE] ...`, and the exit code of the scheme (README 'Exit codes', issue #32):
+    1 failed, 2 usage error, 3 not found, 4 timed out."""
+    assert result.exit_code == code, result.output
     assert "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ["), result.stderr
     for fragment in fragments:
         assert fragment in lines[0]
+
+
+def empty_sqlite_store(path: Path) -> None:
+    """An SQLite store that exists, with no session (read-only commands refuse a store that does not: issue #32)."""
+    store = SqliteStore(path)
+    store.sessions()  # opened lazily: the first read creates the file and its tables
+    store.close()
 
 
 def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
@@ -52,10 +61,11 @@ def test_errors_are_one_line_and_exit_non_zero(tmp_path: Path) -> None:
     assert_one_line_error(
         lousho("sessions", env={"LOUSHO_REDIS_URL": "redis://x", "LOUSHO_LEASE_TTL_S": "soon"}, ok=False), "lease_ttl_s"
     )
+    empty_sqlite_store(tmp_path / "jobs.db")
     sqlite = f"sqlite:///{tmp_path / 'jobs.db'}"
-    assert_one_line_error(lousho("--store-url", sqlite, "show", "nope", ok=False), "no session 'nope'")
+    assert_one_line_error(lousho("--store-url", sqlite, "show", "nope", ok=False), "no session 'nope'", code=3)
     assert_one_line_error(lousho("--store-url", sqlite, "show", "bad/id", ok=False), "LOUSHO_INVALID_SESSION_ID")
-    assert_one_line_error(lousho("--store-url", sqlite, "approve", "appr_nope", ok=False), "appr_nope")
+    assert_one_line_error(lousho("--store-url", sqlite, "approve", "appr_nope", ok=False), "appr_nope", code=3)
     assert_one_line_error(lousho("--store-url", sqlite, "enqueue", "a", "hi", ok=False), "needs a Redis store")
     assert_one_line_error(lousho("worker", ok=False), "--app")
     assert_one_line_error(
@@ -149,9 +159,9 @@ def test_looking_at_runs_in_a_sql_or_file_store(kind: str, tmp_path: Path) -> No
     assert "diverged at step 1" in compared
 
     bad = lousho("fork", "chat-1", "--from-step", "1", "--tool-result", "w1={not json", env=env, ok=False)
-    assert_one_line_error(bad, "not JSON")
+    assert_one_line_error(bad, "LOUSHO_USAGE", "not JSON", code=2)  # a flag that does not parse (issue #32)
     assert_one_line_error(
-        lousho("fork", "chat-1", "--from-step", "9", env=env, ok=False), "LOUSHO_CHECKPOINT_NOT_FOUND"
+        lousho("fork", "chat-1", "--from-step", "9", env=env, ok=False), "LOUSHO_CHECKPOINT_NOT_FOUND", code=3
     )
 
 

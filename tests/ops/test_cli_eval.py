@@ -128,7 +128,7 @@ def test_eval_needs_drift_and_names_a_group_that_matches_nothing(store_env: tupl
     for args, fragment, status in [
         (["eval", "trip", "trip.fork-1"], "[LOUSHO_USAGE] eval takes --drift", 2),
         (["eval", "--drift", "trip", "nope.fork-*"], "no session matches 'nope.fork-*'", 1),
-        (["eval", "--drift", "trip", "nope"], "LOUSHO_SESSION_NOT_FOUND", 1),
+        (["eval", "--drift", "trip", "nope"], "LOUSHO_SESSION_NOT_FOUND", 3),  # not found: 3 (issue #32)
     ]:
         result = lousho(*args, env=env, ok=False)
         assert result.exit_code == status, result.output

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -15,9 +14,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lousho.approvals import ApprovalSnapshot
-from lousho.checkpoint import Checkpoint, HistoryEntry, maybe_await
+from lousho.checkpoint import Checkpoint, HistoryEntry
 from lousho.messages import Message
+from lousho.operations.approvals import PendingApproval
+from lousho.operations.sessions import SessionRow
+from lousho.operations.text import age_text, short, time_text
 
 __all__ = [
     "approvals_table",
@@ -28,9 +29,8 @@ __all__ = [
     "print_json",
     "print_table",
     "report_skipped",
+    "session_cells",
     "sessions_table",
-    "short",
-    "sync",
     "transcript_table",
     "transcript_text",
 ]
@@ -48,19 +48,14 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
-def short(value: Any, limit: int = 100) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def message_text(message: Message, limit: int = 120) -> str:
-    """One line for a message: its text, its tool calls, or (for a tool message) the call id and result."""
+    """One line for a message: its text, its tool calls, or (for a tool message) the call id and result. The
+    text and the arguments are cut to fit `limit`; a call id never is (issue #32: a copied id is whole)."""
     calls = ", ".join(f"{c.name}({short(c.arguments, 60)}) #{c.id}" for c in message.tool_calls)
-    content = " -> ".join(part for part in (message.content or "", calls) if part)
-    if message.role == "tool":
-        content = f"#{message.tool_call_id}: {content}"
-    return short(content, limit)
+    head = f"#{message.tool_call_id}: " if message.role == "tool" else ""
+    room = max(20, limit - len(head) - len(calls) - (4 if calls else 0))
+    text = short(message.content, room) if message.content else ""
+    return head + " -> ".join(part for part in (text, calls) if part)
 
 
 def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
@@ -108,6 +103,18 @@ def _id_column(table: Table, header: str, ids: Iterable[str]) -> None:
     table.add_column(header, no_wrap=True, overflow="ignore", min_width=width)
 
 
+def session_cells(row: SessionRow) -> list[str]:
+    """A session row as the table shows it (the last answer cut to one line; the id whole)."""
+    counts = ["-" if row.steps is None else str(row.steps), "-" if row.messages is None else str(row.messages)]
+    if row.parked_reason:
+        last = f"parked: {row.parked_reason}"  # issue #15
+    elif row.sealed:
+        last = "(sealed: set LOUSHO_PAYLOAD_KEYS to read it)"
+    else:
+        last = row.last_answer or ""
+    return [row.session_id, row.status, row.agent or "-", *counts, short(last, 80)]
+
+
 def sessions_table(rows: Sequence[Sequence[str]]) -> Table:
     table = Table(title="sessions")
     _id_column(table, "session", (row[0] for row in rows))
@@ -128,33 +135,30 @@ def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
     for entry in entries:
         messages = entry.checkpoint.messages
         last = message_text(messages[-1], 90) if messages else "(accepted, not started)"
-        saved_at = entry.saved_at[:19].replace("T", " ")
+        saved_at = time_text(entry.saved_at)
         count = str(len(messages))
         table.add_row(str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, count, escape(last))
     return table
 
 
-def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
+def approvals_table(pending: Sequence[PendingApproval]) -> Table:
+    """One row per pending approval, by the call that waits (a sub-agent's, in its session, naming the parent
+    session paused on the same id: issue #14). Ids whole; the arguments cut to fit 80 columns (issue #32)."""
     table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
-    # A sub-agent's approval shows the call that waits (the sub-agent's, in its session) and names the
-    # parent session paused on the same id (issue #14).
-    rows = [(snapshot, snapshot.waiting) for snapshot in snapshots]
-    parents = [snapshot.session_id or "-" if waiting is not snapshot else "-" for snapshot, waiting in rows]
-    _id_column(table, "approval", (snapshot.id for snapshot in snapshots))
-    _id_column(table, "session", (waiting.session_id or "-" for _, waiting in rows))
-    _id_column(table, "parent", parents)
+    _id_column(table, "approval", (row.id for row in pending))
+    _id_column(table, "session", (row.session_id or "-" for row in pending))
+    parents = any(row.parent_session_id for row in pending)
+    if parents:
+        _id_column(table, "parent", (row.parent_session_id or "-" for row in pending))
     # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action ...` (issue #17)
-    for column in ("tool", "arguments", "created", "kind"):
-        table.add_column(column, overflow="fold")
-    for (snapshot, waiting), parent in zip(rows, parents, strict=True):
+    table.add_column("call")
+    table.add_column("waiting", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    for row in pending:
+        call = f"{row.tool_call.name} {short(row.tool_call.arguments, 40)}"
+        parent = [escape(row.parent_session_id or "-")] if parents else []
         table.add_row(
-            escape(snapshot.id),
-            escape(waiting.session_id or "-"),
-            escape(parent),
-            escape(waiting.tool_call.name),
-            escape(short(waiting.tool_call.arguments, 80)),
-            snapshot.created_at,
-            waiting.kind,
+            escape(row.id), escape(row.session_id or "-"), *parent, escape(call), age_text(row.created_at), row.kind
         )
     return table
 
@@ -173,8 +177,3 @@ def report_skipped(skipped: Mapping[str, str], what: str) -> None:
 # The command says what a listing skipped (report_skipped); the stores' own warning, which Python
 # prints on stderr when nothing configured logging, would say it a second time.
 logging.getLogger("lousho.stores").addHandler(logging.NullHandler())
-
-
-def sync(value: Any) -> Any:
-    """A store method's answer, awaited when the store is async (the CLI is sync)."""
-    return asyncio.run(maybe_await(value))
