@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from lousho.cli.context import target_of
-from lousho.cli.render import approvals_table, print_json, print_table, report_skipped
+from lousho.cli.render import approvals_text, print_json, report_skipped
 from lousho.operations import decide_approval, pending_approvals
 
 __all__ = ["register"]
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json([row.snapshot.model_dump(mode="json") for row in pending])
         else:
-            print_table(approvals_table(pending))
+            typer.echo(approvals_text(pending))
         report_skipped(pending.skipped, "approval")
 
     @app.command()

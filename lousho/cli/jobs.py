@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from lousho.cli.context import target_of
+from lousho.cli.context import fleet_target_of
 from lousho.cli.exits import FAILED
 from lousho.cli.render import print_json
 from lousho.operations import abort_session, enqueue, resume_session, short, wait_until_settled
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         """Enqueue a job: prints its session id (with --wait, then its status when it settles; a parked run exits 1).
 
         An agent that no live worker serves is refused, naming what is served (issue #15)."""
-        target = target_of(ctx)
+        target = fleet_target_of(ctx)
         session_id = enqueue(target, agent, input, session_id=session, require_worker=require_worker)
         if as_json and not wait:
             print_json({"session_id": session_id})
@@ -58,9 +58,9 @@ def register(app: typer.Typer) -> None:
     def resume(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
         """Wake the fleet on a parked, aborted or forked session (poison counters start over); says when nothing
         is pending (a finished session, one awaiting approval) and changes nothing then."""
-        typer.echo(resume_session(target_of(ctx), session).message)
+        typer.echo(resume_session(fleet_target_of(ctx), session).message)
 
     @app.command()
     def abort(ctx: typer.Context, session: str = typer.Argument(..., help="Session id.")) -> None:
         """Abort a run on the fleet: the running tool sees its signal, unfinished calls get 'cancelled'."""
-        typer.echo(abort_session(target_of(ctx), session).message)
+        typer.echo(abort_session(fleet_target_of(ctx), session).message)

@@ -21,7 +21,7 @@ from lousho.operations.sessions import SessionRow
 from lousho.operations.text import age_text, short, time_text
 
 __all__ = [
-    "approvals_table",
+    "approvals_text",
     "console",
     "history_table",
     "message_text",
@@ -48,25 +48,36 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
-def message_text(message: Message, limit: int = 120) -> str:
+def message_text(message: Message, limit: int = 120, *, with_ids: bool = True) -> str:
     """One line for a message: its text, its tool calls, or (for a tool message) the call id and result. The
-    text and the arguments are cut to fit `limit`; a call id never is (issue #32: a copied id is whole)."""
-    calls = ", ".join(f"{c.name}({short(c.arguments, 60)}) #{c.id}" for c in message.tool_calls)
-    head = f"#{message.tool_call_id}: " if message.role == "tool" else ""
+    text and the arguments are cut to fit `limit`; a call id never is (issue #32: a copied id is whole).
+    `with_ids=False`: without the ids, which a table shows in a column of their own (`call_ids`)."""
+    shown = [f"{c.name}({short(c.arguments, 60)})" + (f" #{c.id}" if with_ids else "") for c in message.tool_calls]
+    calls = ", ".join(shown)
+    head = f"#{message.tool_call_id}: " if message.role == "tool" and with_ids else ""
     room = max(20, limit - len(head) - len(calls) - (4 if calls else 0))
     text = short(message.content, room) if message.content else ""
     return head + " -> ".join(part for part in (text, calls) if part)
+
+
+def call_ids(message: Message) -> str:
+    """The call ids a message names, one a line: its calls', or the one a tool message answers."""
+    if message.role == "tool":
+        return message.tool_call_id or ""
+    return "\n".join(call.id for call in message.tool_calls)
 
 
 def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
     table = Table(title=title or f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})")
     table.add_column("#", justify="right")
     table.add_column("role")
+    _id_column(table, "call", (line for m in checkpoint.messages for line in call_ids(m).splitlines()))
     table.add_column("content", overflow="fold")
     for index, message in enumerate(checkpoint.messages):
-        table.add_row(str(index), message.role, escape(message_text(message)))
+        text = escape(message_text(message, with_ids=False))
+        table.add_row(str(index), message.role, escape(call_ids(message)), text)
     for message in checkpoint.pending_input:
-        table.add_row("-", f"{message.role} (queued)", escape(message_text(message)))
+        table.add_row("-", f"{message.role} (queued)", "", escape(message_text(message, with_ids=False)))
     return table
 
 
@@ -130,37 +141,38 @@ def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
     so each save is addressed by its number (the checkpoint's version), which `fork --from-save` takes (issue #15)."""
     table = Table(title=f"history of {session_id} (newest first; fork with --from-save SAVE)")
     _id_column(table, "save", (str(entry.checkpoint.version) for entry in entries))
-    for column in ("step", "saved at", "status", "messages", "last message"):
+    for column in ("step", "saved at", "status", "messages"):
         table.add_column(column, overflow="fold")
+    lasts = [entry.checkpoint.messages[-1] for entry in entries if entry.checkpoint.messages]
+    _id_column(table, "call", (line for message in lasts for line in call_ids(message).splitlines()))
+    table.add_column("last message", overflow="fold")
     for entry in entries:
         messages = entry.checkpoint.messages
-        last = message_text(messages[-1], 90) if messages else "(accepted, not started)"
+        last = message_text(messages[-1], 90, with_ids=False) if messages else "(accepted, not started)"
+        ids = call_ids(messages[-1]) if messages else ""
         saved_at = time_text(entry.saved_at)
-        count = str(len(messages))
-        table.add_row(str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, count, escape(last))
+        cells = [str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, str(len(messages))]
+        table.add_row(*cells, escape(ids), escape(last))
     return table
 
 
-def approvals_table(pending: Sequence[PendingApproval]) -> Table:
-    """One row per pending approval, by the call that waits (a sub-agent's, in its session, naming the parent
-    session paused on the same id: issue #14). Ids whole; the arguments cut to fit 80 columns (issue #32)."""
-    table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
-    _id_column(table, "approval", (row.id for row in pending))
-    _id_column(table, "session", (row.session_id or "-" for row in pending))
-    parents = any(row.parent_session_id for row in pending)
-    if parents:
-        _id_column(table, "parent", (row.parent_session_id or "-" for row in pending))
-    # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action ...` (issue #17)
-    table.add_column("call")
-    table.add_column("waiting", no_wrap=True)
-    table.add_column("kind", no_wrap=True)
+def approvals_text(pending: Sequence[PendingApproval], width: int = 80) -> str:
+    """Pending approvals as lines that fit `width` columns: the id whole, then the call that waits (the innermost
+    sub-agent's, in its session, naming the parent session paused on the same id: issue #14), its arguments cut to
+    fit; under it, where it waits, for how long, and its kind (issue #32: a table of ids could not fit 80 columns)."""
+    lines = ["pending approvals (lousho approve ID [--reject] [--note TEXT])"]
     for row in pending:
-        call = f"{row.tool_call.name} {short(row.tool_call.arguments, 40)}"
-        parent = [escape(row.parent_session_id or "-")] if parents else []
-        table.add_row(
-            escape(row.id), escape(row.session_id or "-"), *parent, escape(call), age_text(row.created_at), row.kind
-        )
-    return table
+        head = f"{row.id}  {row.tool_call.name}"
+        room = max(20, width - len(head) - 1)
+        lines.append(f"{head} {short(row.tool_call.arguments, room)}")
+        where = f"session {row.session_id or '-'}"
+        if row.parent_session_id:
+            where += f" (sub-agent of {row.parent_session_id})"
+        # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action` (issue #17)
+        lines.append(f"  {where}, waiting {age_text(row.created_at)}, {row.kind}")
+    if not pending:
+        lines.append("(none)")
+    return "\n".join(lines)
 
 
 def report_skipped(skipped: Mapping[str, str], what: str) -> None:

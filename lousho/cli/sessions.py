@@ -15,7 +15,6 @@ from lousho.checkpoint import HistoryEntry
 from lousho.cli.context import target_of
 from lousho.cli.conventions import USAGE_ERROR
 from lousho.cli.render import (
-    console,
     history_table,
     print_json,
     print_table,
@@ -142,7 +141,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(transcript_text(checkpoint, view.status))
         else:
             title = f"{session} ({view.status}, step {checkpoint.step_index})"
-            console().print(transcript_table(checkpoint, title))
+            print_table(transcript_table(checkpoint, title))
         if view.parked_reason is not None:
             typer.echo(f"parked: {view.parked_reason} (fix that, then `lousho resume {session}`)")
         if checkpoint.approval_id:  # echoed, not printed by rich: a long id is never wrapped (issue #15)
