@@ -111,5 +111,10 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         assert "jobs" in page.inner_text("table.workers") and fleet.queue in page.inner_text("table.queues")
         assert "busy" in page.inner_text("table.inflight") and "s1" in page.inner_text("table.running")
         shoot(page, shots, "fleet")
-    assert fleet.counts("runs") == {"k1": 1, "w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
+    assert fleet.counts("runs") == {
+        "k1": 1,
+        "w1": 1,
+        "c1": 1,
+        "s1": 1,
+    }  # the fork ran no tool: its results came from the save
     assert {shot.stem: shot.read_bytes()[:8] for shot in shots.glob("*.png")} == dict.fromkeys(PAGES, PNG)

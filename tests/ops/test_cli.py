@@ -224,7 +224,7 @@ def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFle
     listed = lousho("sessions", "--status", "finished", env=env).stdout
     assert "trip-oslo" in listed and "trip_planner" in listed
     shown = lousho("show", "trip-oslo", env=env).stdout
-    assert "Your day in Oslo" in shown and "#oslo_book" in shown
+    assert "Your day in Oslo" in shown and "oslo_book" in shown
     history = lousho("history", "trip-oslo", env=env).stdout
     assert "finished" in history and "awaiting-approval" in history
 
