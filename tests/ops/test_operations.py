@@ -309,3 +309,33 @@ def test_an_empty_store_lists_nothing_and_succeeds(tmp_path: Path) -> None:
     empty_sqlite_store(tmp_path / "jobs.db")
     assert list_sessions(Target(SqliteStore(tmp_path / "jobs.db"))).rows == []
     assert lousho("sessions", env=sqlite_env(tmp_path / "jobs.db")).exit_code == 0
+
+
+def test_the_readmes_cleaning_up_block_works_as_printed(tmp_path: Path) -> None:
+    """README 'Cleaning up', each line run as printed (tests/docs/test_readme_walkthrough.py maps them here): a run
+    left in-progress two hours ago goes, a fresh one stays, and the fork named goes."""
+    import shlex
+    import sqlite3
+    from datetime import UTC, datetime, timedelta
+
+    from tests.docs.walkthrough import bash_block_after
+    from tests.ops.conftest import ROOT
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    store.checkpoints.save("demo-stuck", sample_checkpoint("demo-stuck", status="in-progress"))
+    store.checkpoints.save("fresh", sample_checkpoint("fresh", status="in-progress"))
+    store.checkpoints.save("chat-42.porto", sample_checkpoint("chat-42.porto", status="finished"))
+    store.close()
+    two_hours_ago = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # as if saved two hours ago
+        db.execute("UPDATE checkpoint_history SET saved_at = ? WHERE session_id = 'demo-stuck'", (two_hours_ago,))
+    env = sqlite_env(tmp_path / "jobs.db")
+
+    dry, pruned, deleted = (
+        lousho(*shlex.split(line)[1:], env=env).stdout
+        for line in bash_block_after(ROOT / "README.md", "#### Cleaning up")
+    )
+    assert "would delete demo-stuck" in dry and "fresh" not in dry
+    assert "deleted demo-stuck" in pruned and "deleted 1 session(s)" in pruned
+    assert "deleted chat-42.porto" in deleted
+    assert SqliteStore(tmp_path / "jobs.db").sessions() == ["fresh"]
