@@ -10,6 +10,7 @@ from lousho.dashboard.routes_sessions import refused
 from lousho.dashboard.views import DashboardContext
 from lousho.errors import SDKError
 from lousho.operations import compare_sessions
+from lousho.operations.drift import describe_drift
 
 __all__ = ["add_routes"]
 
@@ -33,5 +34,11 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             for n in range(1, count + 1)
         ]
         return pages.render(
-            request, "compare.html", a=a, b=b, comparison=comparison, steps=steps, summary=comparison.describe()
+            request,
+            "compare.html",
+            a=a,
+            b=b,
+            comparison=comparison,
+            steps=steps,
+            drift_lines=describe_drift(comparison.drift),  # the table shows the steps; this, what drifted (#32)
         )

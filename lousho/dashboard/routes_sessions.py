@@ -11,21 +11,33 @@ from lousho.dashboard.pages import Pages
 from lousho.dashboard.security import check_post
 from lousho.dashboard.views import PAGE_ROWS, STATUSES, DashboardContext, fingerprint_drift, transcript_turns
 from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError, StoreNotFoundError
-from lousho.operations import list_sessions, load_session, resume_session, session_history, show_session
+from lousho.operations import (
+    delete_sessions,
+    list_sessions,
+    load_session,
+    resume_session,
+    session_history,
+    show_session,
+)
 
 __all__ = ["add_routes", "refused"]
 
 
 def refused(pages: Pages, request: Request, exc: SDKError) -> HTMLResponse:
-    """An error from the library as a page: 404 for what is not there, 400 for bad input, else 409."""
+    """An error from the library as a page: 404 for what is not there, 400 for bad input, else 409. A missing
+    session is said plainly, without the store's repr the command line shows (issue #32)."""
     missing = isinstance(exc, (SessionNotFoundError, StoreNotFoundError))
     status = 404 if missing else 400 if isinstance(exc, ConfigurationError) else 409
+    if isinstance(exc, SessionNotFoundError):
+        return pages.error(
+            request, status, f"No session {exc.session_id!r} in this store: it was never saved, or it was deleted."
+        )
     return pages.error(request, status, str(exc))
 
 
 def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/", name="sessions", response_class=HTMLResponse)
-    def sessions(request: Request, status: str = "", q: str = "", start: int = 0) -> HTMLResponse:
+    def sessions(request: Request, status: str = "", q: str = "", start: int = 0, note: str = "") -> HTMLResponse:
         try:
             found = list_sessions(ctx, status or None, search=q, start=start, limit=PAGE_ROWS)
         except SDKError as exc:
@@ -38,6 +50,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             statuses=STATUSES,
             status=status,
             q=q,
+            note=note,
         )
 
     @router.get("/rows", name="session_rows", response_class=HTMLResponse)
@@ -95,3 +108,17 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             return refused(pages, request, exc)
         url = request.url_for("session", session_id=session_id).include_query_params(note=resumed.message)
         return RedirectResponse(str(url), status_code=303)
+
+    @router.post("/sessions/{session_id}/delete", name="delete")
+    async def delete(request: Request, session_id: str) -> Response:
+        """`lousho delete SESSION` from the session's page, once its box is ticked (issue #32)."""
+        await check_post(request, read_only=ctx.read_only)
+        form = await request.form()
+        if form.get("confirm") != "on":
+            return pages.error(request, 400, "Tick the box to confirm: a deleted session cannot be brought back.")
+        try:
+            deleted = await run_in_threadpool(delete_sessions, ctx, [session_id])
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        note = f"deleted {', '.join(deleted.sessions)}"
+        return RedirectResponse(str(request.url_for("sessions").include_query_params(note=note)), status_code=303)

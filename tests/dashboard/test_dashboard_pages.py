@@ -405,3 +405,31 @@ def test_two_worker_commands_get_two_node_names() -> None:
     second = default_node_name(None, "lousho.demo.fleet_app:app", 102)
     assert first == "fleet_app-101@%h" and second == "fleet_app-102@%h"
     assert default_node_name("lousho:queue:booker", "app:app", 7) == "lousho-queue-booker-7@%h"
+
+
+def test_a_session_is_deleted_from_its_page_only_once_confirmed(dashboard: tuple[Any, Any, TestClient]) -> None:
+    store, _, browser = dashboard
+    page = browser.get("/sessions/trip").text
+    token = token_of(page)
+    unconfirmed = browser.post("/sessions/trip/delete", data={"csrf_token": token})
+    assert unconfirmed.status_code == 400 and sync(store.checkpoints.load("trip")) is not None
+    done = browser.post("/sessions/trip/delete", data={"csrf_token": token, "confirm": "on"}, follow_redirects=True)
+    assert done.status_code == 200 and "deleted trip" in done.text
+    assert sync(store.checkpoints.load("trip")) is None
+    missing = browser.get("/sessions/trip")
+    assert missing.status_code == 404 and "No session &#39;trip&#39; in this store" in missing.text
+    assert "Store(" not in missing.text  # no store repr on the page
+
+
+def test_the_compare_page_shows_the_steps_once_and_then_what_drifted(sqlite_store: Any) -> None:
+    from lousho.operations import ForkRequest, Target, fork
+
+    fork(Target(sqlite_store), ForkRequest(session_id="trip", from_step=1, new_session_id="trip-b",
+                                           tool_results=[{"tool_call_id": "call_weather", "result": {"sky": "rain"}}]))  # fmt: skip
+    page = TestClient(create_dashboard(sqlite_store)).get("/compare", params={"a": "trip", "b": "trip-b"}).text
+    assert page.count('class="compare"') == 1 and "* step 1" not in page  # the step table, not a second diff
+    assert "<h2>Drift</h2>" in page
+    history = TestClient(create_dashboard(sqlite_store)).get("/sessions/trip/history").text
+    assert re.search(r">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<", history) and not re.search(
+        r">[^<]*T\d\d:\d\d:\d\d\.\d+", history
+    )
