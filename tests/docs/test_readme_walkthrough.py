@@ -79,7 +79,7 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     "lousho history chat-42": FLEET_DOCS_CLI,
     "lousho abort chat-42; lousho resume chat-42": FLEET_DOCS_CLI,
     "lousho eval --drift trip trip.fork-1": EVAL,
-    "lousho eval --drift trip trip.fork-1 --fail-on-drift": "tests/ops/test_operations.py::test_eval_fails_on_drift_only_when_asked",
+    "lousho eval --drift trip trip.fork-1 --fail-on-drift": EVAL,
     # README "Cleaning up" (issue #32): run as printed on a store with a run left in-progress two hours ago
     "lousho prune --status in-progress --older-than 1h --dry-run": CLEANING_UP,
     "lousho prune --status in-progress --older-than 1h": CLEANING_UP,

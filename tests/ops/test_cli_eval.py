@@ -94,7 +94,10 @@ def doc_commands() -> list[list[str]]:
 
 def test_eval_drift_prints_each_pairs_drift_in_the_references_shape(store_env: tuple[Any, dict[str, str]]) -> None:
     store, env = store_env
-    one, baseline, groups = (lousho(*command, env=env) for command in doc_commands())
+    fail_on_drift, *commands = doc_commands()
+    one, baseline, groups = (lousho(*command, env=env) for command in commands)
+    failed = lousho(*fail_on_drift, env=env, ok=False)  # the same report, and exit 1: they drift (issue #32)
+    assert "--fail-on-drift" in fail_on_drift and failed.exit_code == 1 and failed.stdout == one.stdout
 
     assert one.stdout.splitlines() == [
         "trip -> trip.fork-1: diverged at step 1; drift",
