@@ -259,7 +259,7 @@ def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFle
     status = demo_fleet.client.status("trip-rome")
     assert status.status == "in-progress" and status.aborted
     assert demo_fleet.client.approvals("trip-rome") == []
-    assert_one_line_error(lousho("abort", "trip-nope", env=env, ok=False), "no session 'trip-nope'")
+    assert_one_line_error(lousho("abort", "trip-nope", env=env, ok=False), "no session 'trip-nope'", code=3)
 
 
 def test_approvals_show_a_sub_agents_inner_call_and_name_the_parent(tmp_path: Path) -> None:
