@@ -25,6 +25,7 @@ __all__ = [
     "CHECKPOINT_SCHEMA_VERSION",
     "Checkpoint",
     "CheckpointStore",
+    "ForkOrigin",
     "HistoryEntry",
     "Status",
     "decode_checkpoint",
@@ -39,6 +40,17 @@ __all__ = [
 Status = Literal["in-progress", "awaiting-approval", "finished"]
 FinishReason = Literal["stop", "max-steps"]
 T = TypeVar("T")
+
+
+class ForkOrigin(BaseModel):
+    """Where a forked session came from: the source session and the step (and save) it was forked at. Stored
+    with every fork, whatever its name, so a fork named `chat-42.porto` still links back (issue #32)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    step: int
+    save: int | None = None
 
 
 class Checkpoint(BaseModel):
@@ -84,6 +96,8 @@ class Checkpoint(BaseModel):
     """Ids of the newest turn's calls to tools that are not re-run after an interruption
     (`on_interrupted` 'ask' or 'fail'), saved as each starts in process and dropped as its result is
     recorded: a resume that finds one here knows the call may have run (issue #17)."""
+    forked_from: ForkOrigin | None = None
+    """Set on a fork (`lousho.fork.fork`): its source session and step; kept by every later save (issue #32)."""
 
     @property
     def turns(self) -> int:

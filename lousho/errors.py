@@ -25,6 +25,7 @@ __all__ = [
     "InvalidSessionIdError",
     "LeaseLostError",
     "NewerFormatError",
+    "OperationTimeoutError",
     "PayloadDecodeError",
     "PayloadKeyError",
     "PayloadTooLargeError",
@@ -40,6 +41,7 @@ __all__ = [
     "SessionNotFoundError",
     "SessionSupersededError",
     "StoreAuthenticationError",
+    "StoreNotFoundError",
     "StoreUnavailableError",
     "UnsealedValueError",
 ]
@@ -129,6 +131,26 @@ class SessionNotFoundError(SDKError, LookupError):
     def __init__(self, session_id: str, where: str, hint: str = "list them with `lousho sessions`") -> None:
         super().__init__(f"no session {session_id!r} in {where}; {hint}")
         self.session_id = session_id
+
+
+class StoreNotFoundError(SDKError, LookupError):
+    """A read-only command (a listing, `show`, a read-only dashboard) pointed at a store that does not exist:
+    a typo'd `sqlite:///...`, `dbm://...` or `file://...` path. Nothing is created (issue #32)."""
+
+    code = "LOUSHO_STORE_NOT_FOUND"
+
+    def __init__(self, path: str, url: str) -> None:
+        super().__init__(
+            f"no store at {path!r} (from {url!r}): nothing was created; check the path, or run something that "
+            "writes to it first"
+        )
+        self.path = path
+
+
+class OperationTimeoutError(SDKError):
+    """An operation that waits (`lousho enqueue --wait`) ran out of time; what it waited on goes on (issue #32)."""
+
+    code = "LOUSHO_TIMEOUT"
 
 
 class CheckpointNotFoundError(SDKError):

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from lousho.checkpoint import (
     Checkpoint,
     CheckpointStore,
+    ForkOrigin,
     HistoryEntry,
     get_checkpoint_history,
     maybe_await,
@@ -104,6 +105,8 @@ async def fork(
     entry = await _history_entry(checkpoint_store, session_id, from_step, from_save)
     checkpoint = apply_patch(entry.checkpoint, patch)
     found = {"step": entry.step, "save": entry.checkpoint.version}
+    origin = ForkOrigin(session_id=session_id, step=entry.step, save=entry.checkpoint.version)
+    checkpoint = checkpoint.model_copy(update={"forked_from": origin})  # the link back, whatever its name (#32)
     if new_session_id is not None:
         saved = await _save_new(checkpoint_store, new_session_id, checkpoint)
         if saved is None:

@@ -1,4 +1,4 @@
-"""Two sessions side by side, the first divergence highlighted (`compare_trajectories`, as `lousho compare`)."""
+"""Two sessions side by side, the first divergence highlighted (`compare_sessions`, as `lousho compare`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from fastapi.responses import HTMLResponse
 
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.routes_sessions import refused
-from lousho.dashboard.views import DashboardContext, load_session
+from lousho.dashboard.views import DashboardContext
 from lousho.errors import SDKError
-from lousho.trajectory import compare_trajectories
+from lousho.operations import compare_sessions
+from lousho.operations.drift import describe_drift
 
 __all__ = ["add_routes"]
 
@@ -20,7 +21,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         if not (a and b):
             return pages.render(request, "compare.html", a=a, b=b, comparison=None, steps=[])
         try:
-            comparison = compare_trajectories(load_session(ctx, a), load_session(ctx, b))
+            comparison = compare_sessions(ctx, a, b)
         except SDKError as exc:
             return refused(pages, request, exc)
         count = max(len(comparison.a), len(comparison.b))
@@ -33,5 +34,11 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             for n in range(1, count + 1)
         ]
         return pages.render(
-            request, "compare.html", a=a, b=b, comparison=comparison, steps=steps, summary=comparison.describe()
+            request,
+            "compare.html",
+            a=a,
+            b=b,
+            comparison=comparison,
+            steps=steps,
+            drift_lines=describe_drift(comparison.drift),  # the table shows the steps; this, what drifted (#32)
         )

@@ -6,12 +6,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from lousho.dashboard.actions import ForkForm, fork_from_save
+from lousho.dashboard.actions import ForkForm, fork_request
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.routes_sessions import refused
 from lousho.dashboard.security import check_post, flash
-from lousho.dashboard.views import DashboardContext, history_of, load_session
+from lousho.dashboard.views import DashboardContext
 from lousho.errors import ConfigurationError, SDKError
+from lousho.operations import fork as fork_session
+from lousho.operations import load_session, session_history
 
 __all__ = ["add_routes"]
 
@@ -23,7 +25,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     def history(request: Request, session_id: str) -> HTMLResponse:
         try:
             checkpoint = load_session(ctx, session_id)
-            entries = history_of(ctx, session_id)
+            entries = session_history(ctx, session_id)
         except SDKError as exc:
             return refused(pages, request, exc)
         calls = [call for message in checkpoint.messages for call in message.tool_calls]
@@ -39,19 +41,12 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             save = str(form.get("save") or "")
             if not save.isdigit():
                 raise ConfigurationError(f"pick a save to fork from (a number from the history), not {save!r}")
-            forked = await run_in_threadpool(
-                fork_from_save,
-                ctx,
-                session_id,
-                ForkForm(
-                    save=int(save),
-                    new_session_id=str(form.get("new_session_id") or ""),
-                    run=form.get("run") == "on",
-                    **fields,
-                ),
-            )
+            new_id, run = str(form.get("new_session_id") or ""), form.get("run") == "on"
+            asked = fork_request(session_id, ForkForm(save=int(save), new_session_id=new_id, run=run, **fields))
+            forked = await run_in_threadpool(fork_session, ctx, asked)
         except SDKError as exc:
             return refused(pages, request, exc)
-        note = f"forked {session_id} at step {forked.step} (save {forked.save}); {forked.then}"
+        then = "not started: run it from its page" if ctx.client is not None and not asked.run else forked.then
+        note = f"forked {session_id} at step {forked.step} (save {forked.save}); {then}"
         url = request.url_for("session", session_id=forked.session_id)
         return flash(request, RedirectResponse(str(url), status_code=303), note)

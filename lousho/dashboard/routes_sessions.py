@@ -1,4 +1,5 @@
-"""The sessions page (filter, search, live rows) and a session's page (issue #19)."""
+"""The sessions page (filter, search, live rows) and a session's page (issue #19), from `lousho.operations`
+(issue #32)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,31 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from lousho.dashboard.actions import resume_session
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.security import check_post, flash
-from lousho.dashboard.views import (
-    STATUSES,
-    DashboardContext,
-    fingerprint_drift,
-    fork_source,
-    history_of,
+from lousho.dashboard.views import PAGE_ROWS, STATUSES, DashboardContext, fingerprint_drift, transcript_turns
+from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError, StoreNotFoundError
+from lousho.operations import (
+    delete_sessions,
+    list_sessions,
     load_session,
-    session_rows,
-    sub_sessions,
-    transcript_turns,
+    resume_session,
+    session_history,
+    show_session,
 )
-from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError
 
 __all__ = ["add_routes", "refused"]
 
 
 def refused(pages: Pages, request: Request, exc: SDKError) -> HTMLResponse:
-    """An error from the library as a page: 404 for an unknown session, 400 for bad input, else 409."""
-    status = 404 if isinstance(exc, SessionNotFoundError) else 400 if isinstance(exc, ConfigurationError) else 409
+    """An error from the library as a page: 404 for what is not there, 400 for bad input, else 409. A missing
+    session is said plainly, without the store's repr the command line shows (issue #32)."""
+    missing = isinstance(exc, (SessionNotFoundError, StoreNotFoundError))
+    status = 404 if missing else 400 if isinstance(exc, ConfigurationError) else 409
+    if isinstance(exc, SessionNotFoundError):
+        return pages.error(
+            request, status, f"No session {exc.session_id!r} in this store: it was never saved, or it was deleted."
+        )
     return pages.error(request, status, str(exc))
 
 
@@ -35,7 +39,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/", name="sessions", response_class=HTMLResponse)
     def sessions(request: Request, status: str = "", q: str = "", start: int = 0) -> HTMLResponse:
         try:
-            found = session_rows(ctx, status or None, q, start)
+            found = list_sessions(ctx, status or None, search=q, start=start, limit=PAGE_ROWS)
         except SDKError as exc:
             return refused(pages, request, exc)
         return pages.render(
@@ -52,7 +56,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     def rows(request: Request, status: str = "", q: str = "", start: int = 0) -> HTMLResponse:
         """The sessions table's rows alone: what the page's script polls for (live updates, no build step)."""
         try:
-            found = session_rows(ctx, status or None, q, start)
+            found = list_sessions(ctx, status or None, search=q, start=start, limit=PAGE_ROWS)
         except SDKError as exc:
             return refused(pages, request, exc)
         response = pages.render(request, "session_rows.html", rows=found.rows)
@@ -62,26 +66,26 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
 
     @router.get("/sessions/{session_id}", name="session", response_class=HTMLResponse)
     def session(request: Request, session_id: str) -> HTMLResponse:
-        parked = ctx.parked_reasons().get(session_id)
         try:
-            checkpoint = load_session(ctx, session_id)
-            subs = sub_sessions(ctx, session_id)
+            view = show_session(ctx, session_id, with_sub_sessions=True)
             try:
-                history = history_of(ctx, session_id)
+                history = session_history(ctx, session_id)
             except ConfigurationError:
                 history = []
         except SDKError as exc:
             return refused(pages, request, exc)
+        checkpoint = view.checkpoint
         return pages.render(
             request,
             "session.html",
             cp=checkpoint,
-            status="parked" if parked is not None else checkpoint.status,
-            parked_reason=parked,
-            turns=transcript_turns(checkpoint, set(subs)),
-            subs=subs,
+            status=view.status,
+            parked_reason=view.parked_reason,
+            turns=transcript_turns(checkpoint, set(view.sub_sessions)),
+            subs=view.sub_sessions,
             drift=fingerprint_drift(checkpoint, history),
-            fork_source=fork_source(ctx, session_id),
+            fork_source=view.forked_from.session_id if view.forked_from else None,
+            forked_from=view.forked_from,
         )
 
     @router.get("/sessions/{session_id}/version", name="session_version")
@@ -97,9 +101,22 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     async def resume(request: Request, session_id: str) -> Response:
         await check_post(request, read_only=ctx.read_only)
         try:
-            await run_in_threadpool(load_session, ctx, session_id)
-            then = await run_in_threadpool(resume_session, ctx, session_id)
+            resumed = await run_in_threadpool(resume_session, ctx, session_id)
         except SDKError as exc:
             return refused(pages, request, exc)
         url = request.url_for("session", session_id=session_id)
-        return flash(request, RedirectResponse(str(url), status_code=303), f"resumed: {then}")
+        return flash(request, RedirectResponse(str(url), status_code=303), resumed.message)
+
+    @router.post("/sessions/{session_id}/delete", name="delete")
+    async def delete(request: Request, session_id: str) -> Response:
+        """`lousho delete SESSION` from the session's page, once its box is ticked (issue #32)."""
+        await check_post(request, read_only=ctx.read_only)
+        form = await request.form()
+        if form.get("confirm") != "on":
+            return pages.error(request, 400, "Tick the box to confirm: a deleted session cannot be brought back.")
+        try:
+            deleted = await run_in_threadpool(delete_sessions, ctx, [session_id])
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        note = f"deleted {', '.join(deleted.sessions)}"
+        return flash(request, RedirectResponse(str(request.url_for("sessions")), status_code=303), note)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lousho.errors import ConfigurationError
+from lousho.operations.target import open_target
 from lousho.settings import LoushoSettings
 
 if TYPE_CHECKING:
@@ -18,16 +19,12 @@ __all__ = ["dashboard_of", "serve_dashboard"]
 
 
 def dashboard_of(settings: LoushoSettings, *, read_only: bool = False) -> FastAPI:
-    """The dashboard app over the settings' store (and, on a fleet, its `Client`)."""
+    """The dashboard app over the settings' store (and, on a fleet, its `Client`), opened as every `lousho`
+    command opens it (`open_target`); read-only, a local store that does not exist is refused, not created."""
     from lousho.dashboard.app import create_dashboard
-    from lousho.stores.redis import RedisStore
 
-    store = settings.store()
-    if not isinstance(store, RedisStore):
-        return create_dashboard(store, read_only=read_only)
-    store.close()  # the fleet's store is the Client's (with its in-flight deadline), as `lousho approve` uses it
-    client = settings.client()
-    return create_dashboard(client.store, client=client, read_only=read_only)
+    target = open_target(settings, must_exist=read_only)
+    return create_dashboard(target.bundle, client=target.client, read_only=read_only)
 
 
 def serve_dashboard(settings: LoushoSettings, *, host: str, port: int, read_only: bool) -> None:

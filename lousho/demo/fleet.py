@@ -37,15 +37,15 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 
-from lousho.cli_render import console as default_console
-from lousho.cli_render import short
+from lousho.cli.render import console as default_console
 from lousho.demo import fleet_view
 from lousho.demo.fleet_view import text_of
 from lousho.demo.tracking import asked_key, running_key, runs_key
 from lousho.demo.trip import TRIP_REQUESTS
 from lousho.local_redis import local_redis
+from lousho.operations.text import short
 from lousho.redaction import redact_url
-from lousho.scheduler import Client, SessionStatus, reap_once
+from lousho.scheduler import Client, SessionStatus, run_reaper
 from lousho.settings import LoushoSettings
 from lousho.testing.workers import WorkerProcess, spawn_worker
 
@@ -73,6 +73,10 @@ class Kill:
     replacement: WorkerProcess | None = None
     replacement_ready: bool = False
     requeued_after_s: float | None = None
+    requeued_by: str | None = None
+    """'the death sweep' or 'a reaper pass' (this demo's reaper); None when another reaper requeued it."""
+    recovered_after_s: float | None = None
+    """When another worker began the killed call again, seconds after the kill (whichever reaper requeued it)."""
 
 
 @dataclass
@@ -109,7 +113,7 @@ class FleetDemo:
         self.pending_since: dict[str, float] = {}
         self.statuses: dict[str, SessionStatus] = {}
         self.running: dict[str, dict[str, Any]] = {}
-        self.requeues: list[tuple[float, list[str]]] = []
+        self.requeues: list[tuple[float, list[str], str]] = []
         self._requeues_shown = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -153,14 +157,25 @@ class FleetDemo:
         self.redis.delete(running_key(prefix), runs_key(prefix), asked_key(prefix))
 
     def start_reaper(self) -> None:
+        """`lousho reaper`'s loop in a thread: passes, and the death sweep that requeues a SIGKILLed worker's session
+        as soon as its connections close, not after the lease's TTL (issue #32). Each requeue is told with how it
+        came (the sweep's first: every session the sweep requeued is in the pass's list too)."""
         settings = self.client.settings
+        swept: set[str] = set()
+
+        def on_swept(sessions: list[str]) -> None:
+            swept.update(sessions)
+
+        def on_requeued(sessions: list[str]) -> None:
+            with self._lock:
+                for session in sessions:
+                    how = "the death sweep" if session in swept else "a reaper pass"
+                    self.requeues.append((self.now(), [session], how))
+                swept.difference_update(sessions)
 
         def loop() -> None:
-            while not self._stop.wait(settings.reaper_interval_s):
-                requeued = reap_once(self.client.store, self.client.app, settings)
-                if requeued:
-                    with self._lock:
-                        self.requeues.append((self.now(), requeued))
+            run_reaper(self.client.store, self.client.app, settings, stop=self._stop, on_requeued=on_requeued,
+                       on_swept=on_swept)  # fmt: skip
 
         thread = threading.Thread(target=loop, name="lousho-demo-reaper", daemon=True)
         thread.start()
@@ -217,20 +232,26 @@ class FleetDemo:
         with self._lock:
             fresh = self.requeues[self._requeues_shown :]
             self._requeues_shown = len(self.requeues)
-        for at, sessions in fresh:
+        for at, sessions, how in fresh:
             for session in sessions:
                 if self.kill is not None and session == self.kill.session and self.kill.requeued_after_s is None:
-                    self.kill.requeued_after_s = at - self.kill.at
+                    self.kill.requeued_after_s, self.kill.requeued_by = at - self.kill.at, how
+                    why = (
+                        f"pid {self.kill.pid}'s connections to Redis closed, so it did not wait for the lease's "
+                        f"{self.client.settings.lease_ttl_s}s"
+                        if how == "the death sweep"
+                        else "its deadline passed with no lease held"
+                    )
                     self.log(
-                        f"[bold green]the reaper requeued {session}[/]: its deadline passed with no lease held "
-                        f"({self.kill.requeued_after_s:.1f}s after the kill); a live worker runs "
-                        f"{self.kill.call_id} again, same tool_call_id"
+                        f"[bold green]{how} requeued {session}[/] {self.kill.requeued_after_s:.2f}s after the kill: "
+                        f"{why}; a live worker runs {self.kill.call_id} again, same tool_call_id"
                     )
                 else:
                     self.log(
-                        f"the reaper requeued {session}: no worker had advanced it for a lease's time "
+                        f"{how} requeued {session}: no worker had advanced it for a lease's time "
                         "(a requeue of a live session is harmless)"
                     )
+        self.maybe_announce_recovery()
 
     def on_status(self, session: str, status: SessionStatus) -> None:
         if status.status == "awaiting-approval":
@@ -270,6 +291,22 @@ class FleetDemo:
         kill.replacement_ready = True
         self.log(f"replacement worker {kill.replacement.name} (pid {kill.replacement.pid}) is ready")
 
+    def maybe_announce_recovery(self) -> None:
+        """The killed call running again on another worker, seen in the demo's ledger: recovered, whichever reaper
+        requeued it (another `lousho reaper` on the same Redis may take the requeue: issue #32)."""
+        kill = self.kill
+        if kill is None or kill.recovered_after_s is not None:
+            return
+        entry = self.running.get(kill.call_id)
+        if entry is None or int(entry["pid"]) == kill.pid:
+            return
+        kill.recovered_after_s = self.now() - kill.at
+        worker = self.worker_named(int(entry["pid"]))
+        where = worker.name if worker is not None else f"pid {entry['pid']}"
+        self.log(
+            f"[bold green]recovered[/]: {where} runs {kill.call_id} again, {kill.recovered_after_s:.2f}s after the kill"
+        )
+
     def maybe_approve(self) -> None:
         for session, status in self.statuses.items():
             approval = status.approval_id
@@ -305,7 +342,8 @@ class FleetDemo:
             "workers "
             + ", ".join(f"{w.name} (pid {w.pid})" for w in self.workers)
             + " are ready; the reaper runs every "
-            f"{self.client.settings.reaper_interval_s}s (lease TTL {self.client.settings.lease_ttl_s}s)"
+            f"{self.client.settings.reaper_interval_s}s (lease TTL {self.client.settings.lease_ttl_s}s) and looks for "
+            f"dead workers every {self.client.settings.death_check_interval_s}s"
         )
         self.start_reaper()
         for session, request in self.sessions.items():

@@ -10,8 +10,9 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from lousho.cli_render import short, transcript_table
+from lousho.cli.render import transcript_table
 from lousho.demo.tracking import asked_key, runs_key
+from lousho.operations.text import short
 from lousho.redaction import redact_url
 from lousho.scheduler import SessionStatus
 
@@ -99,11 +100,16 @@ def report(demo: FleetDemo, outcome: DemoOutcome) -> None:
             f"- Worker {kill.worker} (pid {kill.pid}) was killed with SIGKILL while running {kill.tool} "
             f"(call {kill.call_id}) of {kill.session}."
         )
-        if kill.requeued_after_s is not None:
+        if kill.requeued_after_s is not None or kill.recovered_after_s is not None:
+            how = (
+                f"{kill.requeued_by} requeued it {kill.requeued_after_s:.2f}s after the kill"
+                if kill.requeued_after_s is not None
+                else "another reaper requeued it"
+            )
+            ran = f", ran again {kill.recovered_after_s:.2f}s after it" if kill.recovered_after_s is not None else ""
             console.print(
-                f"- Recovered: the reaper requeued {kill.session} {kill.requeued_after_s:.1f}s later "
-                f"(lease TTL + reaper interval); {kill.call_id} ran {again} times in all, "
-                f"with the same tool_call_id, and its result was recorded once."
+                f"- Recovered: {kill.session}: {how}{ran} (lease TTL {demo.client.settings.lease_ttl_s}s); "
+                f"{kill.call_id} ran {again} times in all, with the same tool_call_id, and its result was recorded once."
             )
         others = {c: n for c, n in runs.items() if c != kill.call_id and n != 1}
         console.print(f"- Every other tool call ran exactly once{'' if not others else f' except {others}'}.")

@@ -65,6 +65,8 @@ class LiveWorker:
     """The queues it consumes."""
     agents: tuple[str, ...]
     """The agents it serves (its sub-agents included)."""
+    name: str | None = None
+    """Its Celery node name (`lousho worker`'s default: `<queue or app>-<pid>@<host>`; issue #32)."""
     version: str | None = None
     """The lousho it runs; None for a worker of 0.1.0, which did not say (issue #35)."""
     message_protocols: tuple[int, int] = (1, 1)
@@ -176,8 +178,10 @@ class WorkerRegistry:
 
 
 def _live_worker(worker_id: str, entry: dict[str, Any], queues: list[Any], agents: list[Any]) -> LiveWorker:
-    """A live entry, what it says of its version and formats taken only where it has the right shape."""
+    """A live entry, what it says of its node name (issue #32), version and formats (issue #35) taken only where
+    it has the right shape."""
     version, protocols, formats = entry.get("version"), entry.get("message_protocols"), entry.get("formats")
+    name = entry.get("name")
     spoken = (
         (protocols[0], protocols[1])
         if isinstance(protocols, list) and len(protocols) == 2 and all(isinstance(p, int) for p in protocols)
@@ -187,6 +191,7 @@ def _live_worker(worker_id: str, entry: dict[str, Any], queues: list[Any], agent
         worker_id,
         tuple(map(str, queues)),
         tuple(map(str, agents)),
+        name=name if isinstance(name, str) else None,
         version=version if isinstance(version, str) else None,
         message_protocols=spoken,
         formats=tuple((str(k), v) for k, v in formats.items() if isinstance(v, int))

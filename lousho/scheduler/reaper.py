@@ -145,10 +145,12 @@ def run_reaper(
     passes: int | None = None,
     stop: threading.Event | None = None,
     on_requeued: Callable[[list[str]], None] | None = None,
+    on_swept: Callable[[list[str]], None] | None = None,
 ) -> None:
     """`lousho reaper`: a pass every `reaper_interval_s` until `stop` is set (or `passes` passes); in between, a
     sweep for dead worker processes every `death_check_interval_s` (0: none; issue #20). `on_requeued` sees
-    the sessions each pass or sweep requeued."""
+    the sessions each pass or sweep requeued; `on_swept` those the death sweep requeued (the demo tells which
+    way a session came back: issue #32)."""
     stop = stop or threading.Event()
     instrument_fleet()  # LOUSHO_TRACES in the reaper's environment: its requeues are traced (issue #19)
     watch, done, next_pass = DeathWatch(FleetKeys(store)), 0, time.monotonic()
@@ -158,7 +160,10 @@ def run_reaper(
         # Each in its own guard: a sweep that cannot reach a Cluster primary a failover took away must not stop
         # the pass that makes the client learn the new one (issue #18)
         if settings.death_check_interval_s:
-            requeued += _retried_later(store, "sweep for dead workers", tick, sweep_dead_workers, app, settings, watch)
+            swept = _retried_later(store, "sweep for dead workers", tick, sweep_dead_workers, app, settings, watch)
+            if swept and on_swept is not None:
+                on_swept(swept)
+            requeued += swept
         if time.monotonic() >= next_pass:
             done, next_pass = done + 1, time.monotonic() + settings.reaper_interval_s
             _retried_later(store, "repair approval records", tick, repair_on_pass, settings, done)  # issue #18

@@ -33,12 +33,16 @@ log = logging.getLogger("lousho.worker")
 class Presence:
     """One worker's entry in the registry, kept alive by a beat thread while it is started."""
 
-    def __init__(self, runtime: FleetRuntime, queues: Sequence[str], worker_id: str | None = None) -> None:
+    def __init__(
+        self, runtime: FleetRuntime, queues: Sequence[str], worker_id: str | None = None, name: str | None = None
+    ) -> None:
         self.registry = WorkerRegistry(runtime.store)
         self.queues = sorted(set(queues))
         self.agents = sorted(runtime.agents)
         self.limits = runtime.limits.describe()
         self.worker_id = worker_id or this_process()
+        self.name = name
+        """The Celery node name, shown by the dashboard's fleet page (issue #32)."""
         self.interval_s = runtime.settings.heartbeat_s
         self.ttl_ms = runtime.settings.lease_ttl_ms
         self._stop = threading.Event()
@@ -50,6 +54,8 @@ class Presence:
         now_ms = registry.server_time_ms()
         entry = {"queues": self.queues, "agents": self.agents, "expires_ms": now_ms + self.ttl_ms}
         entry.update(speaks())  # its lousho version and the formats it speaks (issue #35)
+        if self.name:
+            entry["name"] = self.name
         if self.limits["rate"] or self.limits["sessions"]:  # what the dashboard shows of the limits (issue #29)
             entry["limits"] = self.limits
         expired = [w for w, e in registry.entries().items() if w != self.worker_id and not _live(e, now_ms)]
@@ -102,7 +108,8 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     if runtime.settings.queue not in queues:  # its steps after the first would go where nobody takes them
         log.warning("this worker consumes %s but its app sends the next steps to %r: add it (-Q)", queues,
                     runtime.settings.queue)  # fmt: skip
-    _presences[id(app)] = Presence(runtime, queues).start()
+    name = getattr(sender, "hostname", None)
+    _presences[id(app)] = Presence(runtime, queues, name=name if isinstance(name, str) else None).start()
     log.info("lousho: serving %s on %s", ", ".join(sorted(runtime.agents)), ", ".join(queues))
 
 

@@ -69,6 +69,7 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         page.goto(f"{base}/")
         fleet.client.enqueue("jobs", "Charge 30 and square 3", session_id="pay")
         page.wait_for_selector('tr[data-session="pay"] .status.awaiting-approval', timeout=60_000)  # live rows
+        page.wait_for_selector("#pending-count:text-is('1')", timeout=10_000)  # the count follows too (issue #32)
         assert page.inner_text("#pager-shown") == "1-2 of 2"
         shoot(page, shots, "sessions")
         page.select_option("#status-filter", "finished")  # filters at once (live.js: the CSP allows no inline handler)
@@ -114,8 +115,16 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         fleet.pid_running("s1")
         page.goto(f"{base}/fleet")
         assert "jobs" in page.inner_text("table.workers") and fleet.queue in page.inner_text("table.queues")
+        assert "w1@" in page.inner_text("table.workers")  # the worker by its node name (issue #32)
         assert "busy" in page.inner_text("table.inflight") and "s1" in page.inner_text("table.running")
         shoot(page, shots, "fleet")
+
+        page.goto(f"{base}/approvals")  # none pending: the page's rows follow the store (issue #32)
+        assert "no approval is pending" in page.inner_text("#approval-rows")
+        fleet.script("pay-2", [tool_turn(("c2", "charge", {"amount": 5})), Message.assistant("Paid 5.")])
+        fleet.client.enqueue("jobs", "Charge 5", session_id="pay-2")
+        page.wait_for_selector("tr[data-approval]:has-text('charge')", timeout=60_000)
+        page.wait_for_selector("#pending-count:text-is('1')", timeout=10_000)
     assert blocked == []
     assert fleet.counts("runs") == {"k1": 1, "w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
     assert {shot.stem: shot.read_bytes()[:8] for shot in shots.glob("*.png")} == dict.fromkeys(PAGES, PNG)

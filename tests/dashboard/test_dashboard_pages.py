@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,16 +16,16 @@ from fastapi.testclient import TestClient
 
 import lousho
 from lousho.checkpoint import Checkpoint
-from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard, dashboard_router
-from lousho.dashboard.pages import age_text
 from lousho.dashboard.views import PAGE_ROWS
 from lousho.errors import ConfigurationError
 from lousho.fleet.protocol import speaks
 from lousho.fleet.registry import WorkerRegistry
 from lousho.formats import MESSAGE_PROTOCOL, written_formats
+from lousho.operations import age_text, sync
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
+from lousho.stores.sql import SqliteStore
 from lousho.worker import FleetSettings, broker_url
 from tests.dashboard.conftest import fill
 
@@ -216,13 +217,19 @@ def test_sub_agent_sessions_are_linked_both_ways_and_a_changed_fingerprint_shows
     child = trip.model_copy(update={"session_id": "trip.sub-call_weather", "parent_session_id": "trip", "version": 1})
     sync(sqlite_store.checkpoints.save("trip.sub-call_weather", child))
     changed = trip.fingerprint.model_copy(update={"model": "other-model", "digest": "0" * 16})
-    sync(sqlite_store.checkpoints.save("trip", trip.model_copy(update={"fingerprint": changed, "version": trip.version + 1})))
+    sync(
+        sqlite_store.checkpoints.save(
+            "trip", trip.model_copy(update={"fingerprint": changed, "version": trip.version + 1})
+        )
+    )
     browser = TestClient(create_dashboard(sqlite_store))
     parent = browser.get("/sessions/trip").text
     call = parent[parent.index('id="call-call_weather"') :]
     assert 'href="http://testserver/sessions/trip.sub-call_weather">sub-agent session' in call
     assert '<span class="drift">model &#39;test-model&#39; -&gt; &#39;other-model&#39;</span>' in parent
-    assert 'sub-agent of <a href="http://testserver/sessions/trip">' in browser.get("/sessions/trip.sub-call_weather").text
+    assert (
+        'sub-agent of <a href="http://testserver/sessions/trip">' in browser.get("/sessions/trip.sub-call_weather").text
+    )
 
 
 def test_a_fork_from_the_form_can_rewrite_a_message_and_a_bad_index_changes_nothing(sqlite_store: Any) -> None:
@@ -255,7 +262,11 @@ def test_the_sessions_list_is_paged_and_the_live_rows_follow_the_page(sqlite_sto
 def test_what_a_run_wrote_is_shown_as_text_never_as_markup(sqlite_store: Any) -> None:
     trip = sync(sqlite_store.checkpoints.load("trip"))
     hostile = trip.messages[-1].model_copy(update={"content": "<script>alert('x')</script>"})
-    sync(sqlite_store.checkpoints.save("trip", trip.model_copy(update={"messages": [*trip.messages[:-1], hostile], "version": trip.version + 1})))
+    sync(
+        sqlite_store.checkpoints.save(
+            "trip", trip.model_copy(update={"messages": [*trip.messages[:-1], hostile], "version": trip.version + 1})
+        )
+    )
     browser = TestClient(create_dashboard(sqlite_store))
     for url in ("/", "/sessions/trip", "/compare?a=trip&b=pay"):
         page = browser.get(url).text
@@ -309,7 +320,134 @@ def test_the_fleet_page_shows_the_lousho_and_protocols_of_each_worker_of_a_rolli
     store.client.hset(registry.key_of("new|2"), "new|2", json.dumps({**live, **speaks()}))  # as this code does
     page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
     workers = page[page.index('class="workers"') : page.index('class="queues"')]
-    assert "<td>old|1</td>" in workers and "0.1.0 (unstated); messages 1</td>" in workers
+    assert '<td class="muted">old|1</td>' in workers and "0.1.0 (unstated); messages 1</td>" in workers
     formats = ", ".join(f"{name} {number}" for name, number in written_formats().items())
     protocols = "1" if MESSAGE_PROTOCOL == 1 else f"1-{MESSAGE_PROTOCOL}"
     assert f"{lousho.__version__}; messages {protocols}; {formats}</td>" in workers
+
+
+# issue #32: the operations layer's items, as the pages show them
+
+
+def test_the_approvals_page_shows_a_sub_agents_inner_call_as_the_command_does(tmp_path: Path) -> None:
+    from tests.ops.test_operations import sub_agent_pause
+
+    store = SqliteStore(tmp_path / "jobs.db")
+    sub_agent_pause(store)
+    page = TestClient(create_dashboard(store)).get("/approvals").text
+    row = page[page.index("data-approval=") :]
+    row = row[: row.index("</tr>")]
+    assert "<b>charge</b>" in row and "&#34;amount&#34;: 5" in row.replace('"', "&#34;")  # the call that waits
+    assert "sub-agent of" in row and "trip.sub-h1" in row
+    assert "<b>helper</b>" not in row  # not the parent's call
+    store.close()
+
+
+def test_the_approvals_rows_are_live_and_the_navigation_counts_the_pending(
+    dashboard: tuple[Any, Any, TestClient],
+) -> None:
+    store, client, browser = dashboard
+    page = browser.get("/").text
+    assert re.search(r'id="pending-count"[^>]*>1</span>', page), page[:2000]
+    assert 'data-rows-url="http://testserver/approvals/rows"' in browser.get("/approvals").text
+    rows = browser.get("/approvals/rows")
+    assert rows.headers["X-Lousho-Pending"] == "1" and "charge_card" in rows.text
+    assert browser.get("/approvals/count").json() == {"pending": 1}
+
+    [pending] = sync(store.approvals.pending(None))
+    if client is not None:
+        client.resolve_approval(pending.id, approved=True)
+    else:
+        from lousho.approvals import ApprovalDecision, decide
+
+        sync(decide(store.approvals, ApprovalDecision(id=pending.id, approved=True)))
+    assert browser.get("/approvals/count").json() == {"pending": 0}  # decided elsewhere: the page follows
+    assert "no approval is pending" in browser.get("/approvals/rows").text
+
+
+def test_a_fork_with_its_own_name_links_back_to_its_source(sqlite_store: Any) -> None:
+    from lousho.operations import ForkRequest, Target, fork
+
+    fork(Target(sqlite_store), ForkRequest(session_id="trip", from_step=1, new_session_id="trip-porto"))
+    page = TestClient(create_dashboard(sqlite_store)).get("/sessions/trip-porto").text
+    assert 'href="http://testserver/sessions/trip"' in page[page.index("forked from") :]
+    assert "compare-with-source" in page
+
+
+def test_the_fleet_page_drops_calls_of_a_dead_process_or_a_session_that_moved_on(
+    fleet_store: tuple[Any, Any], redis_url: str
+) -> None:
+    import os
+
+    import redis
+
+    from lousho.fleet.liveness import HOST, connection_name
+    from lousho.operations import Target, fleet_status
+
+    store, client = fleet_store
+    worker = redis.Redis.from_url(redis_url)  # a live worker process: its connection named as a worker's is
+    worker.client_setname(connection_name(HOST, os.getpid()))
+    now_ms = int(store.client.time()[0]) * 1000
+    for session in ("s-live", "s-dead"):
+        store.client.zadd(store.keys.inflight_of(session), {session: now_ms + 60_000})
+    store.client.zadd(store.keys.running, {
+        f"{HOST}|{os.getpid()}|s-live|1:call_a": now_ms,   # running
+        f"{HOST}|999999|s-dead|1:call_b": now_ms,          # its process is gone (SIGKILLed)
+        f"{HOST}|{os.getpid()}|s-done|1:call_c": now_ms,   # its session moved on (not in flight)
+    })  # fmt: skip
+    try:
+        running = fleet_status(Target(store, client))
+        assert running is not None and [(r.session_id, r.call) for r in running.running] == [("s-live", "1:call_a")]
+        page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
+        assert "call_a" in page and "call_b" not in page and "call_c" not in page
+    finally:
+        worker.close()
+
+
+def test_the_fleet_page_names_each_worker_by_its_node_name(fleet_store: tuple[Any, Any]) -> None:
+    store, client = fleet_store
+    registry = WorkerRegistry(store)
+    expires = registry.server_time_ms() + 60_000
+    for worker_id, name in (("web-7|11", "q-11@web-7"), ("web-7|12", "q-12@web-7")):
+        entry = {"queues": ["q"], "agents": ["planner"], "expires_ms": expires, "name": name}
+        store.client.hset(registry.key_of(worker_id), worker_id, json.dumps(entry))
+    page = TestClient(create_dashboard(store, client=client)).get("/fleet").text
+    workers = page[page.index('class="workers"') : page.index("</table>", page.index('class="workers"'))]
+    assert "<td>q-11@web-7</td>" in workers and "<td>q-12@web-7</td>" in workers
+
+
+def test_two_worker_commands_get_two_node_names() -> None:
+    from lousho.cli.fleet import default_node_name
+
+    first = default_node_name(None, "lousho.demo.fleet_app:app", 101)
+    second = default_node_name(None, "lousho.demo.fleet_app:app", 102)
+    assert first == "fleet_app-101@%h" and second == "fleet_app-102@%h"
+    assert default_node_name("lousho:queue:booker", "app:app", 7) == "lousho-queue-booker-7@%h"
+
+
+def test_a_session_is_deleted_from_its_page_only_once_confirmed(dashboard: tuple[Any, Any, TestClient]) -> None:
+    store, _, browser = dashboard
+    page = browser.get("/sessions/trip").text
+    token = token_of(page)
+    unconfirmed = browser.post("/sessions/trip/delete", data={"csrf_token": token})
+    assert unconfirmed.status_code == 400 and sync(store.checkpoints.load("trip")) is not None
+    done = browser.post("/sessions/trip/delete", data={"csrf_token": token, "confirm": "on"}, follow_redirects=True)
+    assert done.status_code == 200 and "deleted trip" in done.text
+    assert sync(store.checkpoints.load("trip")) is None
+    missing = browser.get("/sessions/trip")
+    assert missing.status_code == 404 and "No session &#39;trip&#39; in this store" in missing.text
+    assert "Store(" not in missing.text  # no store repr on the page
+
+
+def test_the_compare_page_shows_the_steps_once_and_then_what_drifted(sqlite_store: Any) -> None:
+    from lousho.operations import ForkRequest, Target, fork
+
+    fork(Target(sqlite_store), ForkRequest(session_id="trip", from_step=1, new_session_id="trip-b",
+                                           tool_results=[{"tool_call_id": "call_weather", "result": {"sky": "rain"}}]))  # fmt: skip
+    page = TestClient(create_dashboard(sqlite_store)).get("/compare", params={"a": "trip", "b": "trip-b"}).text
+    assert page.count('class="compare"') == 1 and "* step 1" not in page  # the step table, not a second diff
+    assert "<h2>Drift</h2>" in page
+    history = TestClient(create_dashboard(sqlite_store)).get("/sessions/trip/history").text
+    assert re.search(r">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<", history) and not re.search(
+        r">[^<]*T\d\d:\d\d:\d\d\.\d+", history
+    )

@@ -13,9 +13,9 @@ import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
 
-from lousho.cli_render import sync
 from lousho.dashboard import create_dashboard
 from lousho.dashboard.security import CSRF_COOKIE, FLASH_COOKIE, SECRET_ENV, DashboardSecret
+from lousho.operations import sync
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,7 +101,11 @@ def test_processes_given_the_same_secret_accept_each_others_tokens(
 def test_note_in_the_url_is_ignored_and_a_forged_flash_cookie_is_not_shown(sqlite_store: Any) -> None:
     browser = TestClient(create_dashboard(sqlite_store))
 
-    for url in ("/approvals?note=Your+session+expired.+Log+in+at+evil.example", "/sessions/trip?note=evil.example"):
+    for url in (
+        "/approvals?note=Your+session+expired.+Log+in+at+evil.example",
+        "/sessions/trip?note=evil.example",
+        "/?note=evil.example",  # the sessions list too, where a delete's flash lands (issue #32)
+    ):
         page = browser.get(url).text
         assert "evil.example" not in page and 'class="note"' not in page
     browser.cookies.set(FLASH_COOKIE, "Log in at evil.example")

@@ -59,6 +59,7 @@ DBM = "tests/stores/test_stores_doc.py::test_the_mapping_store_block_runs_and_th
 METRICS_PREFORK = "tests/telemetry/test_metrics_fleet.py::test_a_prefork_worker_serves_the_sum_of_its_children_on_its_metrics_port"
 WORKER_COMMAND = "tests/ops/test_worker_command.py::"
 UPGRADING = "tests/ops/test_readme_commands.py::test_the_upgrading_docs_look_at_what_runs_block_works_as_printed"
+CLEANING_UP = "tests/ops/test_operations.py::test_the_readmes_cleaning_up_block_works_as_printed"
 RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI script (path) that runs it
     # docs/fleet.md, many steps in flight per process (issue #29): run as printed, on the demo's app
     "lousho worker --app myapp.lousho_app:app": WORKER_COMMAND
@@ -86,6 +87,11 @@ RUN_ELSEWHERE = {  # a command the docs show -> the test (path::function) or CI 
     "lousho history chat-42": FLEET_DOCS_CLI,
     "lousho abort chat-42; lousho resume chat-42": FLEET_DOCS_CLI,
     "lousho eval --drift trip trip.fork-1": EVAL,
+    "lousho eval --drift trip trip.fork-1 --fail-on-drift": EVAL,
+    # README "Cleaning up" (issue #32): run as printed on a store with a run left in-progress two hours ago
+    "lousho prune --status in-progress --older-than 1h --dry-run": CLEANING_UP,
+    "lousho prune --status in-progress --older-than 1h": CLEANING_UP,
+    "lousho delete chat-42.porto": CLEANING_UP,
     "lousho eval --drift trip 'trip.fork-*'": EVAL,
     "lousho eval --drift 'trip.fork-*' 'trip-v2.fork-*' --json": EVAL,
     "lousho --store-url dbm://./.lousho/runs.db sessions": DBM,

@@ -29,7 +29,7 @@ from lousho.stores.sql import SqliteStore
 from lousho.testing.redis_server import RedisServer
 from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
 from tests.ops.conftest import LOUSHO
-from tests.ops.test_cli import AGENT, City, assert_one_line_error, lousho, run_local
+from tests.ops.test_cli import AGENT, City, assert_one_line_error, empty_sqlite_store, lousho, run_local
 
 LONG_ANSWER = "Lisbon, day one: " + " ".join(f"stop-{n}" for n in range(80)) + " THE-END"
 
@@ -144,7 +144,9 @@ def test_fleet_options_after_the_command_reach_the_fleet(redis_store: RedisStore
 def test_json_of_a_fleet_command_is_json(redis_store: RedisStore, redis_url: str) -> None:
     env = {"LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": redis_store.prefix, "LOUSHO_QUEUE": "nobody-listens"}
     try:
-        enqueued = json.loads(lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--json", "--no-require-worker", env=env).stdout)
+        enqueued = json.loads(
+            lousho("enqueue", "greeter", "Hi", "--session", "j-1", "--json", "--no-require-worker", env=env).stdout
+        )
     finally:
         redis_store.client.delete("nobody-listens")
     assert enqueued == {"session_id": "j-1"}
@@ -190,6 +192,7 @@ def test_sessions_status_must_be_one_of_the_statuses(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: [LOUSHO_USAGE]"), result.stderr
     for status in ("in-progress", "awaiting-approval", "finished", "parked"):
         assert status in lines[0]
+    empty_sqlite_store(tmp_path / "jobs.db")
     assert lousho("sessions", "--status", "finished", env=sqlite_env(tmp_path)).exit_code == 0
 
 
@@ -208,7 +211,7 @@ def test_history_gives_each_save_an_address_that_fork_takes(tmp_path: Path) -> N
     env = sqlite_env(tmp_path)
     history = lousho("history", "chat-1", env=env).stdout
     assert "--from-save" in history
-    assert [row[:2] for row in table_rows(history)] == [
+    assert [row[:2] for row in table_rows(history) if row[0]] == [  # a row of two calls takes two lines
         ["save", "step"],
         ["4", "2"],
         ["3", "1"],
@@ -226,22 +229,31 @@ def test_history_gives_each_save_an_address_that_fork_takes(tmp_path: Path) -> N
     out = lousho("fork", "chat-1", "--from-step", "1", "--new-session-id", "chat-1.c", env=env)
     assert "save 3" in out.stderr and "saves 1, 2, 3" in out.stderr and "--from-save" in out.stderr, out.stderr
     assert_one_line_error(
-        lousho("fork", "chat-1", "--from-save", "9", env=env, ok=False), "LOUSHO_CHECKPOINT_NOT_FOUND", "1, 2, 3, 4"
+        lousho("fork", "chat-1", "--from-save", "9", env=env, ok=False),
+        "LOUSHO_CHECKPOINT_NOT_FOUND",
+        "1, 2, 3, 4",
+        code=3,
     )
     assert_one_line_error(
         lousho("fork", "chat-1", "--from-save", "2", "--from-step", "1", env=env, ok=False),
+        "LOUSHO_USAGE",
         "--from-step or --from-save",
+        code=2,  # a usage error (issue #32)
     )
     store.close()
 
 
 def test_a_missing_session_is_session_not_found(tmp_path: Path, redis_store: RedisStore, redis_url: str) -> None:
+    empty_sqlite_store(tmp_path / "jobs.db")
     env = sqlite_env(tmp_path)
-    for command in (["show", "nope"], ["history", "nope"], ["compare", "nope", "nope"]):
-        assert_one_line_error(lousho(*command, env=env, ok=False), "[LOUSHO_SESSION_NOT_FOUND]", "no session 'nope'")
+    commands = (["show", "nope"], ["history", "nope"], ["compare", "nope", "nope"], ["delete", "nope"])
+    for command in (*commands, ["fork", "nope", "--from-step", "1"]):  # fork: not a missing step (issue #32)
+        result = lousho(*command, env=env, ok=False)
+        assert_one_line_error(result, "[LOUSHO_SESSION_NOT_FOUND]", "no session 'nope'", code=3)
     fleet = {"LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": redis_store.prefix}
     for command in (["abort", "nope"], ["resume", "nope"], ["show", "nope"]):
-        assert_one_line_error(lousho(*command, env=fleet, ok=False), "[LOUSHO_SESSION_NOT_FOUND]", "no session 'nope'")
+        result = lousho(*command, env=fleet, ok=False)
+        assert_one_line_error(result, "[LOUSHO_SESSION_NOT_FOUND]", "no session 'nope'", code=3)
 
 
 @pytest.fixture

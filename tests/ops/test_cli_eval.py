@@ -94,7 +94,10 @@ def doc_commands() -> list[list[str]]:
 
 def test_eval_drift_prints_each_pairs_drift_in_the_references_shape(store_env: tuple[Any, dict[str, str]]) -> None:
     store, env = store_env
-    one, baseline, groups = (lousho(*command, env=env) for command in doc_commands())
+    fail_on_drift, *commands = doc_commands()
+    one, baseline, groups = (lousho(*command, env=env) for command in commands)
+    failed = lousho(*fail_on_drift, env=env, ok=False)  # the same report, and exit 1: they drift (issue #32)
+    assert "--fail-on-drift" in fail_on_drift and failed.exit_code == 1 and failed.stdout == one.stdout
 
     assert one.stdout.splitlines() == [
         "trip -> trip.fork-1: diverged at step 1; drift",
@@ -128,7 +131,7 @@ def test_eval_needs_drift_and_names_a_group_that_matches_nothing(store_env: tupl
     for args, fragment, status in [
         (["eval", "trip", "trip.fork-1"], "[LOUSHO_USAGE] eval takes --drift", 2),
         (["eval", "--drift", "trip", "nope.fork-*"], "no session matches 'nope.fork-*'", 1),
-        (["eval", "--drift", "trip", "nope"], "LOUSHO_SESSION_NOT_FOUND", 1),
+        (["eval", "--drift", "trip", "nope"], "LOUSHO_SESSION_NOT_FOUND", 3),  # not found: 3 (issue #32)
     ]:
         result = lousho(*args, env=env, ok=False)
         assert result.exit_code == status, result.output

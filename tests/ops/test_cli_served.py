@@ -39,7 +39,9 @@ def test_enqueue_wait_exits_non_zero_on_a_parked_run_and_prints_why(demo_fleet: 
     parked = lousho(*args, env=env)  # ahead of the workers: the worker that takes it serves no booker
     assert parked.exit_code == 1, parked.output
     assert parked.stdout.splitlines() == ["chat-2", "parked"]
-    assert parked.stderr.startswith("error: chat-2 is parked: [LOUSHO_UNKNOWN_AGENT] no agent named 'booker'"), parked.stderr
+    assert parked.stderr.startswith("error: chat-2 is parked: [LOUSHO_UNKNOWN_AGENT] no agent named 'booker'"), (
+        parked.stderr
+    )
     assert "lousho resume chat-2" in parked.stderr
     as_json = lousho(*args[:4], "chat-3", *args[5:], "--json", env=env)
     assert as_json.exit_code == 1 and json.loads(as_json.stdout)["status"] == "parked"

@@ -74,7 +74,9 @@ def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session(demo_run
     )
     assert killed, out[-4000:]
     call, session = killed.group(3), killed.group(4)
-    assert f"Recovered: the reaper requeued {session}" in out
+    recovered = re.search(rf"Recovered: {session}: the death sweep requeued it (\d+\.\d+)s after the kill", out)
+    assert recovered, out[-4000:]  # the sweep, not the lease's TTL: the killed worker's connections closed (#32)
+    assert re.search(rf"the death sweep requeued {session} \d+\.\d+s after the kill", out), out[-4000:]
     assert f"{call} ran 2 times in all" in out
     for city in ("Lisbon", "Oslo", "Rome"):
         assert f"Your day in {city}: sunny, lunch at Casa {city} (booked for 2)." in out

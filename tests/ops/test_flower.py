@@ -102,11 +102,18 @@ def test_flower_lists_model_turns_and_tool_calls_by_session_and_call(demo_fleet:
     expected = {
         "trip-oslo/turn/1": ("lousho.model_turn", "session=trip-oslo turn=1"),
         "trip-oslo/turn/1/tool/oslo_weather": (
-            "tool:get_weather", "session=trip-oslo turn=1 call=oslo_weather tool=get_weather"),
+            "tool:get_weather",
+            "session=trip-oslo turn=1 call=oslo_weather tool=get_weather",
+        ),
         "trip-oslo/turn/1/tool/oslo_food": (
-            "tool:find_restaurants", "session=trip-oslo turn=1 call=oslo_food tool=find_restaurants"),
+            "tool:find_restaurants",
+            "session=trip-oslo turn=1 call=oslo_food tool=find_restaurants",
+        ),
         "trip-oslo/turn/2": ("lousho.model_turn", "session=trip-oslo turn=2"),
-        "trip-oslo/turn/2/tool/oslo_book": ("tool:book_table", "session=trip-oslo turn=2 call=oslo_book tool=book_table"),
+        "trip-oslo/turn/2/tool/oslo_book": (
+            "tool:book_table",
+            "session=trip-oslo turn=2 call=oslo_book tool=book_table",
+        ),
         "trip-oslo/turn/3": ("lousho.model_turn", "session=trip-oslo turn=3"),
     }
     tasks = wait_for_tasks(flower, set(expected))

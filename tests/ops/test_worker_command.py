@@ -69,7 +69,8 @@ def test_lousho_worker_runs_a_process_per_core_with_many_slots_and_starts_again_
         assert text.count("lousho's pool: 100 slots") == cores
         processes = descendants(worker.pid)
         assert len(processes) == cores
-        assert all(f"lousho-{n}@" in text for n in range(cores))  # a node name each
+        # a node name each, unique on the host: <queue or app>-<pid of the command>-<n>@<host> (issue #32)
+        assert all(f"-{worker.pid}-{n}@" in text for n in range(cores)), text[-3000:]
 
         os.kill(processes[0], signal.SIGKILL)  # as the OOM killer would
         wait_until("the killed process started again", lambda: ready_count(log) == cores + 1, log)

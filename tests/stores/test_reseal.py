@@ -15,9 +15,9 @@ import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from lousho.checkpoint import Checkpoint
-from lousho.cli_reseal import reseal_sessions
 from lousho.errors import ConfigurationError, PayloadKeyError, UnsealedValueError
 from lousho.messages import Message
+from lousho.operations import Target, reseal_sessions
 from lousho.stores.codec import MAGIC, PLAIN, TEXT_MARK, PayloadCodec, Place
 from lousho.stores.file import FileStore
 from lousho.stores.mapping import dbm_store
@@ -91,8 +91,8 @@ def test_plain_data_is_refused_read_when_migrating_then_resealed_and_read_strict
 
     migrating = open_store(codec("k1", unsealed=True))
     assert migrating.checkpoints.load("s1") == latest
-    key, done = reseal_sessions(migrating, list(migrating.sessions()))
-    assert key == "k1" and done["s1"] == 2 + 1 + 2  # two messages, the head, two history entries
+    done = reseal_sessions(Target(migrating))  # every session of the store
+    assert done.key_id == "k1" and done.values == {"s1": 2 + 1 + 2}  # two messages, the head, two history entries
 
     strict = open_store(codec("k1"))
     assert strict.checkpoints.load("s1") == latest
@@ -104,7 +104,7 @@ def test_plain_data_is_refused_read_when_migrating_then_resealed_and_read_strict
 def test_resealing_under_a_new_key_lets_the_old_one_go(open_store: Callable[[PayloadCodec], Any]) -> None:
     latest = run(open_store(codec("k1")), "s1")
     rotated = open_store(codec("k2", "k1"))
-    reseal_sessions(rotated, ["s1"])
+    reseal_sessions(Target(rotated), ["s1"])
     only_new = open_store(codec("k2"))
     assert only_new.checkpoints.load("s1") == latest
     assert [e.checkpoint.version for e in only_new.checkpoints.history("s1")] == [2, 1]
@@ -114,12 +114,12 @@ def test_resealing_under_a_new_key_lets_the_old_one_go(open_store: Callable[[Pay
 
 def test_resealing_needs_a_key_and_a_store_that_can() -> None:
     with pytest.raises(ConfigurationError, match="LOUSHO_PAYLOAD_KEYS"):
-        reseal_sessions(SqliteStore(":memory:"), [])
+        reseal_sessions(Target(SqliteStore(":memory:")), [])
 
 
 def test_a_file_store_says_it_cannot_reseal_yet(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="cannot re-seal"):
-        reseal_sessions(FileStore(tmp_path / "f", codec=codec("k1")), ["s"])
+        reseal_sessions(Target(FileStore(tmp_path / "f", codec=codec("k1"))), ["s"])
 
 
 def _v010_value(plain: bytes) -> bytes:

@@ -89,3 +89,19 @@ def test_the_mapping_store_block_runs_and_the_cli_reads_its_dbm_file(tmp_path: P
 def test_the_registry_block_runs(tmp_path: Path) -> None:
     block = next(block for block in PYTHON if "register_store(" in block)
     assert _python(block, tmp_path) == ["MappingStore"]
+
+
+def test_the_history_block_runs_as_pasted(tmp_path: Path) -> None:
+    """Issue #32: it used `await` at the top level and a `store` it never made."""
+    block = next(block for block in PYTHON if "get_checkpoint_history" in block)
+    printed = _python(block, tmp_path)
+    assert re.fullmatch(r"1 finished \S+ 2", printed[0]), printed  # system prompt none: the input and the answer
+    assert printed[-1] == "0 0"
+
+
+def test_the_codec_block_names_the_extras_it_needs_and_runs(tmp_path: Path) -> None:
+    """Issue #32: the block needs `cryptography` and `zstandard`; the text before it says so."""
+    block = next(block for block in PYTHON if "PayloadCodec(" in block)
+    before = DOC[: DOC.index(block)]
+    assert "pip install 'lousho[encryption,zstd]'" in before[before.rindex("###") :]
+    assert _python(block, tmp_path) == ["['card 4242', 'ok']", "LOUSHO_PAYLOAD_KEY"]

@@ -4,7 +4,7 @@ command, readable help placeholders (`URL`, `SECONDS`, `SESSION`, not `<str>` or
 usage error on one line with the way to help.
 
 `apply_conventions(group)` is called by the root group once typer has built it and its commands, so a
-command registered anywhere (cli_jobs, cli_sessions, a module added later) follows them with nothing to
+command registered anywhere (any module of `lousho.cli`, one added later) follows them with nothing to
 write."""
 
 from __future__ import annotations
@@ -58,6 +58,27 @@ def apply_conventions(group: Any, global_names: frozenset[str]) -> None:
         for param in command.params:
             _readable_placeholder(param)
         _help_without_placeholder(command)
+        _options_by_panel(command)
+
+
+def _options_by_panel(command: Any) -> None:
+    """Plain help (click's formatter: 80 columns, words wrapped, every flag whole; issue #32) with the options in
+    their panels ('Options', the global options): rich's tables cut long flags and their help at 80 columns."""
+
+    def format_options(ctx: Any, formatter: Any) -> None:
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for param in command.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                default = "Arguments" if isinstance(param, TyperArgument) else "Options"
+                panels.setdefault(getattr(param, "rich_help_panel", None) or default, []).append(record)
+        for panel, records in panels.items():
+            with formatter.section(panel):
+                formatter.write_dl(records)
+        if hasattr(command, "format_commands"):
+            command.format_commands(ctx, formatter)
+
+    command.format_options = format_options
 
 
 def _help_without_placeholder(command: Any) -> None:

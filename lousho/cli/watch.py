@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from lousho.checkpoint import Checkpoint
-from lousho.cli_render import console, message_whole, print_table
+from lousho.cli.render import console, message_whole, print_table
 
 __all__ = ["follow_session", "watch_sessions"]
 

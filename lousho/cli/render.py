@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -15,12 +14,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from lousho.approvals import ApprovalSnapshot
-from lousho.checkpoint import Checkpoint, HistoryEntry, maybe_await
+from lousho.checkpoint import Checkpoint, HistoryEntry
 from lousho.messages import Message
+from lousho.operations.approvals import PendingApproval
+from lousho.operations.sessions import SessionRow
+from lousho.operations.text import age_text, short, time_text
 
 __all__ = [
-    "approvals_table",
+    "approvals_text",
     "console",
     "history_table",
     "message_text",
@@ -28,9 +29,8 @@ __all__ = [
     "print_json",
     "print_table",
     "report_skipped",
+    "session_cells",
     "sessions_table",
-    "short",
-    "sync",
     "transcript_table",
     "transcript_text",
 ]
@@ -48,30 +48,36 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
-def short(value: Any, limit: int = 100) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False, sort_keys=True)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def message_text(message: Message, limit: int = 120, *, with_ids: bool = True) -> str:
+    """One line for a message: its text, its tool calls, or (for a tool message) the call id and result. The
+    text and the arguments are cut to fit `limit`; a call id never is (issue #32: a copied id is whole).
+    `with_ids=False`: without the ids, which a table shows in a column of their own (`call_ids`)."""
+    shown = [f"{c.name}({short(c.arguments, 60)})" + (f" #{c.id}" if with_ids else "") for c in message.tool_calls]
+    calls = ", ".join(shown)
+    head = f"#{message.tool_call_id}: " if message.role == "tool" and with_ids else ""
+    room = max(20, limit - len(head) - len(calls) - (4 if calls else 0))
+    text = short(message.content, room) if message.content else ""
+    return head + " -> ".join(part for part in (text, calls) if part)
 
 
-def message_text(message: Message, limit: int = 120) -> str:
-    """One line for a message: its text, its tool calls, or (for a tool message) the call id and result."""
-    calls = ", ".join(f"{c.name}({short(c.arguments, 60)}) #{c.id}" for c in message.tool_calls)
-    content = " -> ".join(part for part in (message.content or "", calls) if part)
+def call_ids(message: Message) -> str:
+    """The call ids a message names, one a line: its calls', or the one a tool message answers."""
     if message.role == "tool":
-        content = f"#{message.tool_call_id}: {content}"
-    return short(content, limit)
+        return message.tool_call_id or ""
+    return "\n".join(call.id for call in message.tool_calls)
 
 
 def transcript_table(checkpoint: Checkpoint, title: str | None = None) -> Table:
     table = Table(title=title or f"{checkpoint.session_id} ({checkpoint.status}, step {checkpoint.step_index})")
     table.add_column("#", justify="right")
     table.add_column("role")
+    _id_column(table, "call", (line for m in checkpoint.messages for line in call_ids(m).splitlines()))
     table.add_column("content", overflow="fold")
     for index, message in enumerate(checkpoint.messages):
-        table.add_row(str(index), message.role, escape(message_text(message)))
+        text = escape(message_text(message, with_ids=False))
+        table.add_row(str(index), message.role, escape(call_ids(message)), text)
     for message in checkpoint.pending_input:
-        table.add_row("-", f"{message.role} (queued)", escape(message_text(message)))
+        table.add_row("-", f"{message.role} (queued)", "", escape(message_text(message, with_ids=False)))
     return table
 
 
@@ -108,6 +114,18 @@ def _id_column(table: Table, header: str, ids: Iterable[str]) -> None:
     table.add_column(header, no_wrap=True, overflow="ignore", min_width=width)
 
 
+def session_cells(row: SessionRow) -> list[str]:
+    """A session row as the table shows it (the last answer cut to one line; the id whole)."""
+    counts = ["-" if row.steps is None else str(row.steps), "-" if row.messages is None else str(row.messages)]
+    if row.parked_reason:
+        last = f"parked: {row.parked_reason}"  # issue #15
+    elif row.sealed:
+        last = "(sealed: set LOUSHO_PAYLOAD_KEYS to read it)"
+    else:
+        last = row.last_answer or ""
+    return [row.session_id, row.status, row.agent or "-", *counts, short(last, 80)]
+
+
 def sessions_table(rows: Sequence[Sequence[str]]) -> Table:
     table = Table(title="sessions")
     _id_column(table, "session", (row[0] for row in rows))
@@ -123,40 +141,38 @@ def history_table(session_id: str, entries: Sequence[HistoryEntry]) -> Table:
     so each save is addressed by its number (the checkpoint's version), which `fork --from-save` takes (issue #15)."""
     table = Table(title=f"history of {session_id} (newest first; fork with --from-save SAVE)")
     _id_column(table, "save", (str(entry.checkpoint.version) for entry in entries))
-    for column in ("step", "saved at", "status", "messages", "last message"):
+    for column in ("step", "saved at", "status", "messages"):
         table.add_column(column, overflow="fold")
+    lasts = [entry.checkpoint.messages[-1] for entry in entries if entry.checkpoint.messages]
+    _id_column(table, "call", (line for message in lasts for line in call_ids(message).splitlines()))
+    table.add_column("last message", overflow="fold")
     for entry in entries:
         messages = entry.checkpoint.messages
-        last = message_text(messages[-1], 90) if messages else "(accepted, not started)"
-        saved_at = entry.saved_at[:19].replace("T", " ")
-        count = str(len(messages))
-        table.add_row(str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, count, escape(last))
+        last = message_text(messages[-1], 90, with_ids=False) if messages else "(accepted, not started)"
+        ids = call_ids(messages[-1]) if messages else ""
+        saved_at = time_text(entry.saved_at)
+        cells = [str(entry.checkpoint.version), str(entry.step), saved_at, entry.status, str(len(messages))]
+        table.add_row(*cells, escape(ids), escape(last))
     return table
 
 
-def approvals_table(snapshots: Sequence[ApprovalSnapshot]) -> Table:
-    table = Table(title="pending approvals (lousho approve ID [--reject --note TEXT])")
-    # A sub-agent's approval shows the call that waits (the sub-agent's, in its session) and names the
-    # parent session paused on the same id (issue #14).
-    rows = [(snapshot, snapshot.waiting) for snapshot in snapshots]
-    parents = [snapshot.session_id or "-" if waiting is not snapshot else "-" for snapshot, waiting in rows]
-    _id_column(table, "approval", (snapshot.id for snapshot in snapshots))
-    _id_column(table, "session", (waiting.session_id or "-" for _, waiting in rows))
-    _id_column(table, "parent", parents)
-    # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action ...` (issue #17)
-    for column in ("tool", "arguments", "created", "kind"):
-        table.add_column(column, overflow="fold")
-    for (snapshot, waiting), parent in zip(rows, parents, strict=True):
-        table.add_row(
-            escape(snapshot.id),
-            escape(waiting.session_id or "-"),
-            escape(parent),
-            escape(waiting.tool_call.name),
-            escape(short(waiting.tool_call.arguments, 80)),
-            snapshot.created_at,
-            waiting.kind,
-        )
-    return table
+def approvals_text(pending: Sequence[PendingApproval], width: int = 80) -> str:
+    """Pending approvals as lines that fit `width` columns: the id whole, then the call that waits (the innermost
+    sub-agent's, in its session, naming the parent session paused on the same id: issue #14), its arguments cut to
+    fit; under it, where it waits, for how long, and its kind (issue #32: a table of ids could not fit 80 columns)."""
+    lines = ["pending approvals (lousho approve ID [--reject] [--note TEXT])"]
+    for row in pending:
+        head = f"{row.id}  {row.tool_call.name}"
+        room = max(20, width - len(head) - 1)
+        lines.append(f"{head} {short(row.tool_call.arguments, room)}")
+        where = f"session {row.session_id or '-'}"
+        if row.parent_session_id:
+            where += f" (sub-agent of {row.parent_session_id})"
+        # 'interrupted': the call may have run already (a worker died in it); `lousho approve ID --action` (issue #17)
+        lines.append(f"  {where}, waiting {age_text(row.created_at)}, {row.kind}")
+    if not pending:
+        lines.append("(none)")
+    return "\n".join(lines)
 
 
 def report_skipped(skipped: Mapping[str, str], what: str) -> None:
@@ -173,8 +189,3 @@ def report_skipped(skipped: Mapping[str, str], what: str) -> None:
 # The command says what a listing skipped (report_skipped); the stores' own warning, which Python
 # prints on stderr when nothing configured logging, would say it a second time.
 logging.getLogger("lousho.stores").addHandler(logging.NullHandler())
-
-
-def sync(value: Any) -> Any:
-    """A store method's answer, awaited when the store is async (the CLI is sync)."""
-    return asyncio.run(maybe_await(value))

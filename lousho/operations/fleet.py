@@ -1,10 +1,15 @@
-"""The fleet page's data: live workers, queue depths, in-flight sessions and their leases, running calls,
-parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19); the fleet-wide limits
+"""The fleet's status (`fleet_status`: the dashboard's fleet page; moved here from the dashboard, issue #32): live
+workers (`live_workers`, also `lousho workers`, with the lousho each runs: issue #35), queue depths, in-flight
+sessions and their leases, running calls, parked sessions and the reaper's pending requeues, read from the fleet's Redis (issue #19); the fleet-wide limits
 the live workers keep, with what each uses now and how many sessions wait on it (issue #29).
 
 The reaper's requeues, lease takeovers and poison results are the fleet-wide counts of the metrics' counters
 (`lousho.telemetry.counters`, when present); each session's pending-requeue mark (`FleetKeys.requeued`) is
 shown per in-flight session.
+
+Running calls are those of a live process in a session still in flight: an entry of a process that is gone
+(a SIGKILLed worker: its connections closed), or of a session that has moved on (finished, paused, deleted:
+out of the in-flight index), is what a crash left in the running index, not a running call (issue #32).
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, cast
 
-from lousho.dashboard.views import DashboardContext
+from lousho.errors import ConfigurationError
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.limits import LimitUsage, SlotUsage, live_limits_usage
+from lousho.fleet.liveness import live_processes
 from lousho.fleet.registry import LiveWorker, WorkerRegistry
+from lousho.operations.target import Target
 from lousho.stores.redis_common import redis_errors, text
 
-__all__ = ["FleetView", "InflightRow", "RunningCallRow", "fleet_view"]
+__all__ = ["FleetView", "InflightRow", "RunningCallRow", "fleet_status", "live_workers"]
 
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 """Celery's Redis transport keeps a queue's messages in one list per priority step: `<queue>`, `<queue>\\x06\\x163`..."""
@@ -62,22 +69,32 @@ class FleetView:
     """Each agent's maximum of sessions in flight the live workers keep, with the slots held (issue #29)."""
 
 
-def fleet_view(ctx: DashboardContext) -> FleetView | None:
-    """What the fleet page shows; None when the bundle is not a fleet's RedisStore."""
+def live_workers(ctx: Target) -> tuple[LiveWorker, ...]:
+    """The live workers, each with its node name, agents, queues, and the lousho and protocols it speaks
+    (issue #35: a fleet in a rolling upgrade shows two releases): `lousho workers` and the fleet page."""
+    store = ctx.fleet_store
+    if store is None:
+        raise ConfigurationError(f"the workers are a fleet's (a Redis store and its workers); {ctx.bundle!r} is not")
+    return WorkerRegistry(store).live().workers
+
+
+def fleet_status(ctx: Target) -> FleetView | None:
+    """The fleet's status; None when the target is not a fleet's RedisStore."""
     store = ctx.fleet_store
     if store is None:
         return None
     registry = WorkerRegistry(store)
-    workers = registry.live().workers
+    workers = live_workers(ctx)
     now_ms = registry.server_time_ms()
     rate_limits, session_limits = live_limits_usage(store)
     queues = sorted({queue for worker in workers for queue in worker.queues})
     if ctx.client is not None and ctx.client.settings.queue:
         queues = sorted({*queues, ctx.client.settings.queue})
+    inflight = _inflight(store, now_ms)
     return FleetView(
         workers=workers,
         queues={queue: _depth(store.client, queue) for queue in queues},
-        inflight=_inflight(store, now_ms),
+        inflight=inflight,
         running=_running(store, now_ms),
         parked=ctx.parked_reasons(),
         events=_event_counts(store),
@@ -120,6 +137,11 @@ def _inflight(store: Any, now_ms: int) -> list[InflightRow]:
     return rows
 
 
+def _in_flight(store: Any, session_id: str) -> bool:
+    with redis_errors(store.client, f"read whether {session_id!r} is in flight"):
+        return store.client.zscore(store.keys.inflight_of(session_id), session_id) is not None
+
+
 def _holder(token: str) -> str:
     """A lease token is '<host>|<pid>-<random>' (`lousho.worker.leases.Lease`): its holder is what an operator needs."""
     host, bar, rest = token.rpartition("|")
@@ -128,12 +150,16 @@ def _holder(token: str) -> str:
 
 
 def _running(store: Any, now_ms: int) -> list[RunningCallRow]:
+    """The calls running now: of a live process (connected to Redis), in a session still in flight."""
     keys = FleetKeys(store)
     with redis_errors(store.client, "read the running calls"):
         entries = cast(list[tuple[Any, float]], store.client.zrange(keys.running, 0, 199, withscores=True))
+    _, live = live_processes(store.client)
     rows = []
     for entry, beat_ms in entries:
         host, pid, session_id, field = [*text(entry).split("|", 3), "", "", "", ""][:4]
+        if f"{host}|{pid}" not in live or not _in_flight(store, session_id):
+            continue  # left by a crash (the death sweep requeued its session) or a session that moved on
         call_id = field.split(":", 1)[-1]  # a `result_field` is '<turn>:<call id>'
         with redis_errors(store.client, f"read the lease of call {call_id!r}"):
             left_ms = int(store.client.pttl(keys.call_lease(session_id, call_id)))

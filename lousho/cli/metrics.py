@@ -14,6 +14,8 @@ from types import FrameType
 
 import typer
 
+from lousho.cli.context import settings_of
+
 __all__ = ["register"]
 
 
@@ -38,7 +40,6 @@ def register(app: typer.Typer) -> None:
         """Serve /metrics: the workers' (from --multiprocess-dir) and the store's (sessions, approvals, requeues)."""
         from prometheus_client import generate_latest, start_http_server
 
-        from lousho.cli import settings_of
         from lousho.telemetry.metrics import metrics_registry
 
         registry = metrics_registry(settings_of(ctx).store(), multiprocess_dir=multiprocess_dir)

@@ -1,5 +1,5 @@
-"""`lousho eval --drift A B`: how runs drift apart, in the shape of `compare_trajectories(a, b).drift`
-(reference: 'Fork and replay': the tool-order, argument, step-count and finish-reason differences).
+"""Drift between runs (`lousho eval --drift A B`): how runs drift apart, in the shape of
+`compare_trajectories(a, b).drift` (reference: 'Fork and replay': the tool-order, argument, step-count and finish-reason differences).
 
 A and B are session ids, or groups of sessions written with `*` (any characters) and `?` (one
 character), which no session id can hold: `'trip.fork-*'` is every fork of `trip`. A session against a
@@ -12,19 +12,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any
 
-import typer
 from pydantic import BaseModel, Field
 
-from lousho.checkpoint import Checkpoint, validate_session_id
-from lousho.cli_conventions import USAGE_ERROR
-from lousho.cli_render import print_json, sync
-from lousho.errors import ConfigurationError, SessionNotFoundError
+from lousho.errors import ConfigurationError
+from lousho.operations.target import Target, load_session, sync
 from lousho.stores.listing import Listing
 from lousho.trajectory import TrajectoryDrift, compare_trajectories
 
-__all__ = ["DriftPair", "DriftReport", "drift_report", "register"]
+__all__ = ["DriftPair", "DriftReport", "describe_drift", "drift_report", "report_lines"]
 
 _WILDCARDS = re.compile(r"[*?]")
 
@@ -54,26 +50,26 @@ def _pattern(group: str) -> re.Pattern[str]:
     return re.compile("".join(parts))
 
 
-def _members(store: Any, group: str) -> dict[tuple[str, ...], str]:
+def _members(target: Target, group: str) -> dict[tuple[str, ...], str]:
     """The sessions of `group`, each under what its wildcards matched; a group matching none is an error."""
-    listed: Listing[str] = Listing.of(sync(store.checkpoints.sessions()))
+    listed: Listing[str] = Listing.of(sync(target.bundle.sessions(None)))
     pattern = _pattern(group)
     members = {m.groups(): s for s in sorted(listed) if (m := pattern.fullmatch(s))}
     if not members:
-        raise ConfigurationError(f"no session matches {group!r} in {store!r}; list them with `lousho sessions`")
+        raise ConfigurationError(f"no session matches {group!r} in {target.bundle!r}; list them with `lousho sessions`")
     return members
 
 
-def _pairs(store: Any, a: str, b: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
+def _pairs(target: Target, a: str, b: str) -> tuple[list[tuple[str, str]], dict[str, list[str]]]:
     """The pairs to compare, and the members of two groups left without a partner."""
     group_a, group_b = bool(_WILDCARDS.search(a)), bool(_WILDCARDS.search(b))
     if not group_a and not group_b:
         return [(a, b)], {"a": [], "b": []}
     if not group_b:
-        return [(member, b) for member in _members(store, a).values()], {"a": [], "b": []}
+        return [(member, b) for member in _members(target, a).values()], {"a": [], "b": []}
     if not group_a:
-        return [(a, member) for member in _members(store, b).values()], {"a": [], "b": []}
-    members_a, members_b = _members(store, a), _members(store, b)
+        return [(a, member) for member in _members(target, b).values()], {"a": [], "b": []}
+    members_a, members_b = _members(target, a), _members(target, b)
     pairs = [(members_a[key], members_b[key]) for key in members_a if key in members_b]
     unpaired = {
         "a": [s for key, s in members_a.items() if key not in members_b],
@@ -82,19 +78,12 @@ def _pairs(store: Any, a: str, b: str) -> tuple[list[tuple[str, str]], dict[str,
     return pairs, unpaired
 
 
-def _load(store: Any, session_id: str) -> Checkpoint:
-    checkpoint: Checkpoint | None = sync(store.checkpoints.load(validate_session_id(session_id)))
-    if checkpoint is None:
-        raise SessionNotFoundError(session_id, repr(store))
-    return checkpoint
-
-
-def drift_report(store: Any, a: str, b: str) -> DriftReport:
-    """Compare A with B (sessions or groups) in `store`: each pair's divergence and drift."""
-    pairs, unpaired = _pairs(store, a, b)
+def drift_report(target: Target, a: str, b: str) -> DriftReport:
+    """Compare A with B (sessions or groups): each pair's divergence and drift."""
+    pairs, unpaired = _pairs(target, a, b)
     compared = []
     for session_a, session_b in pairs:
-        comparison = compare_trajectories(_load(store, session_a), _load(store, session_b))
+        comparison = compare_trajectories(load_session(target, session_a), load_session(target, session_b))
         compared.append(DriftPair(a=session_a, b=session_b, diverged_at=comparison.diverged_at, drift=comparison.drift))
     return DriftReport(pairs=compared, drifted=sum(bool(p.drift) for p in compared), unpaired=unpaired)
 
@@ -113,46 +102,19 @@ def describe_drift(drift: TrajectoryDrift) -> list[str]:
     return lines
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def print_report(report: DriftReport) -> None:
+def report_lines(report: DriftReport) -> list[str]:
+    """The report as text: each pair, its drift's lines, the unpaired members, the count that drift."""
+    lines = []
     for pair in report.pairs:
         where = "no divergence" if pair.diverged_at is None else f"diverged at step {pair.diverged_at}"
-        typer.echo(f"{pair.a} -> {pair.b}: {where}; {'drift' if pair.drift else 'no drift'}")
-        for line in describe_drift(pair.drift):
-            typer.echo(line)
+        lines.append(f"{pair.a} -> {pair.b}: {where}; {'drift' if pair.drift else 'no drift'}")
+        lines += describe_drift(pair.drift)
     for side in ("a", "b"):
         if report.unpaired[side]:
-            typer.echo(f"unpaired in {side}: {', '.join(report.unpaired[side])}")
-    typer.echo(f"{report.drifted} of {len(report.pairs)} pair(s) drift")
-
-
-def register(app: typer.Typer) -> None:
-    from lousho.cli import settings_of
-
-    @app.command(name="eval")
-    def eval_(
-        ctx: typer.Context,
-        a: str = typer.Argument(..., help="A session id, or a group of sessions with * and ? ('trip.fork-*')."),
-        b: str = typer.Argument(..., help="Another session id or group."),
-        drift: Annotated[
-            bool, typer.Option("--drift", help="Report the drift: tool order, arguments, step count, finish reason.")
-        ] = False,
-        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    ) -> None:
-        """How runs drift apart: A against B, or a session against each fork of a group, pair by pair."""
-        if not drift:
-            raise USAGE_ERROR("eval takes --drift (what to evaluate): lousho eval --drift A B")
-        store = settings_of(ctx).store()
-        try:
-            report = drift_report(store, a, b)
-        finally:  # the command's own connections (a PostgreSQL pool, a Redis client) end with it
-            close = getattr(store, "close", None)
-            if callable(close):
-                close()
-        if as_json:
-            print_json(report.model_dump(mode="json"))
-        else:
-            print_report(report)
+            lines.append(f"unpaired in {side}: {', '.join(report.unpaired[side])}")
+    lines.append(f"{report.drifted} of {len(report.pairs)} pair(s) drift")
+    return lines

@@ -1,0 +1,263 @@
+"""Looking at sessions and cleaning them up: list, show, history, compare, delete, prune (issue #32).
+
+Each function takes a `Target` and returns plain typed data: `lousho sessions` prints it as a table or
+JSON, the dashboard as a page; neither reads a store itself.
+
+A listing never needs a payload: a session's status comes from the store's status index (and the fleet's
+parked marks), not from its checkpoint, so a store whose payloads this process cannot open (an encrypted
+store without `LOUSHO_PAYLOAD_KEYS`) still lists every session with its status; the details that live in
+the payload (messages, last answer) are then left out of the row, which says so (`sealed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Literal
+
+from lousho.checkpoint import Checkpoint, ForkOrigin, HistoryEntry, get_checkpoint_history, validate_session_id
+from lousho.errors import ConfigurationError, PayloadKeyError, SessionNotFoundError
+from lousho.operations.target import Target, load_session, sync
+from lousho.stores.listing import Listing, read_each
+from lousho.trajectory import TrajectoryComparison, compare_trajectories
+
+__all__ = [
+    "CHECKPOINT_STATUSES",
+    "STATUSES",
+    "Deleted",
+    "SessionPage",
+    "SessionRow",
+    "SessionStatusChoice",
+    "SessionView",
+    "compare_sessions",
+    "delete_sessions",
+    "list_sessions",
+    "prune_sessions",
+    "session_history",
+    "show_session",
+    "sub_sessions",
+]
+
+SessionStatusChoice = Literal["in-progress", "awaiting-approval", "finished", "parked"]
+STATUSES: tuple[str, ...] = ("in-progress", "awaiting-approval", "finished", "parked")
+"""The statuses a listing filters on: the checkpoint's, and the fleet's 'parked'."""
+CHECKPOINT_STATUSES = ("in-progress", "awaiting-approval", "finished")
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    """One session of a listing. `messages` and `last_answer` are None when its payload cannot be opened."""
+
+    session_id: str
+    status: str
+    agent: str | None
+    steps: int | None
+    messages: int | None
+    last_answer: str | None
+    approval_id: str | None
+    parked_reason: str | None
+    aborted: bool
+    parent_session_id: str | None
+    saved_at: str | None = None
+    """When the session was last saved (ISO 8601), where its store says without opening the payload."""
+    sealed: bool = False
+    """Its payload could not be opened (no key for it here): only what the index holds is shown."""
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    """One page of a listing: `rows` from `start`, of `total` matching ids (all of them when `limit` is None)."""
+
+    rows: Listing[SessionRow]
+    total: int
+    start: int
+    limit: int | None
+
+    @property
+    def next_start(self) -> int | None:
+        if self.limit is None or self.start + self.limit >= self.total:
+            return None
+        return self.start + self.limit
+
+    @property
+    def previous_start(self) -> int | None:
+        if self.limit is None or self.start <= 0:
+            return None
+        return max(0, self.start - self.limit)
+
+
+def _statuses(target: Target, status: str | None, parked: dict[str, str]) -> tuple[Listing[str], dict[str, str]]:
+    """The ids to list and each one's status, from the status indexes only (no payload is opened)."""
+    if status is not None and status not in STATUSES:
+        raise ConfigurationError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+    if status == "parked":
+        return Listing(sorted(parked)), dict.fromkeys(parked, "parked")
+    ids: Listing[str] = Listing.of(sync(target.bundle.sessions(status)))
+    statuses: dict[str, str] = {}
+    for each in [status] if status is not None else CHECKPOINT_STATUSES:
+        for session_id in ids if status is not None else Listing.of(sync(target.bundle.sessions(each))):
+            statuses[session_id] = each
+    for session_id in parked:
+        statuses[session_id] = "parked"
+    if status is not None:  # a parked session's checkpoint says 'in-progress': it is listed under 'parked' only
+        ids = Listing([s for s in ids if s not in parked], skipped=ids.skipped)
+    return ids, statuses
+
+
+def list_sessions(
+    target: Target, status: str | None = None, *, search: str = "", start: int = 0, limit: int | None = None
+) -> SessionPage:
+    """The sessions of one status (all when None) whose id contains `search`, `limit` of them from `start` (all
+    when None), in id order; those that cannot be read are named in `rows.skipped`."""
+    parked = target.parked_reasons()
+    ids, statuses = _statuses(target, status, parked)
+    matching = [session_id for session_id in ids if search.strip() in session_id]
+    start = max(0, start)
+    wanted = matching[start:] if limit is None else matching[start : start + limit]
+
+    def row(session_id: str, _: object) -> SessionRow | None:
+        return _row(target, session_id, statuses.get(session_id), parked.get(session_id))
+
+    rows = read_each(((session_id, None) for session_id in wanted), row, what="session")
+    listing = Listing(rows, skipped={**ids.skipped, **rows.skipped})
+    return SessionPage(listing, total=len(matching), start=start, limit=limit)
+
+
+def _row(target: Target, session_id: str, status: str | None, parked: str | None) -> SessionRow | None:
+    aborted = _aborted(target, session_id)
+    try:
+        checkpoint: Checkpoint | None = sync(target.bundle.checkpoints.load(session_id))
+    except PayloadKeyError:  # the listing needs no payload: the row says what the index knows (issue #32)
+        shown = (parked and "parked") or status or "?"
+        return SessionRow(session_id, shown, None, None, None, None, None, parked, aborted, None, sealed=True)
+    if checkpoint is None:
+        return None
+    return SessionRow(
+        session_id=session_id,
+        status="parked" if parked is not None else checkpoint.status,
+        agent=checkpoint.agent_name,
+        steps=checkpoint.step_index,
+        messages=len(checkpoint.messages),
+        last_answer=last_answer(checkpoint),
+        approval_id=checkpoint.approval_id,
+        parked_reason=parked,
+        aborted=aborted and checkpoint.status != "finished",
+        parent_session_id=checkpoint.parent_session_id,
+    )
+
+
+def _aborted(target: Target, session_id: str) -> bool:
+    store = target.fleet_store
+    if store is None:
+        return False
+    from lousho.fleet.keys import FleetKeys
+    from lousho.stores.redis_common import redis_errors
+
+    with redis_errors(store.client, f"read the abort flag of {session_id!r}"):
+        return bool(store.client.exists(FleetKeys(store).abort(session_id)))
+
+
+def last_answer(checkpoint: Checkpoint) -> str:
+    """The newest assistant text of the transcript ('' when none)."""
+    return next((m.content or "" for m in reversed(checkpoint.messages) if m.role == "assistant" and m.content), "")
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """A session as `show` and the session page show it: its checkpoint, the status shown, why it is parked."""
+
+    checkpoint: Checkpoint
+    status: str
+    parked_reason: str | None
+    forked_from: ForkOrigin | None
+    sub_sessions: list[str]
+
+
+def show_session(target: Target, session_id: str, *, with_sub_sessions: bool = False) -> SessionView:
+    """The session: 'parked' and its reason on the fleet where it is parked, else its checkpoint's status."""
+    checkpoint = load_session(target, session_id)
+    parked = target.parked_reasons().get(checkpoint.session_id)
+    return SessionView(
+        checkpoint=checkpoint,
+        status="parked" if parked is not None else checkpoint.status,
+        parked_reason=parked,
+        forked_from=checkpoint.forked_from,
+        sub_sessions=sub_sessions(target, session_id) if with_sub_sessions else [],
+    )
+
+
+def sub_sessions(target: Target, session_id: str) -> list[str]:
+    """The sub-agent sessions of `session_id`: ids `<session>.sub-<call id>` whose checkpoint names it as parent."""
+    prefix = f"{session_id}.sub-"
+    found = []
+    for candidate in sync(target.bundle.sessions(None)):
+        if candidate.startswith(prefix):
+            checkpoint: Checkpoint | None = sync(target.bundle.checkpoints.load(candidate))
+            if checkpoint is not None and checkpoint.parent_session_id == session_id:
+                found.append(candidate)
+    return found
+
+
+def session_history(target: Target, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
+    """The session's saves, newest first (`limit`: the newest N); `SessionNotFoundError` for an unknown one."""
+    if limit is not None and limit < 1:
+        raise ConfigurationError(f"the history's limit is a number of saves, 1 or more, not {limit}")
+    load_session(target, session_id)
+    entries = sync(get_checkpoint_history(target.bundle.checkpoints, validate_session_id(session_id), limit))
+    if entries is None:
+        raise ConfigurationError(f"{target.bundle!r} keeps no history")
+    return list(entries)
+
+
+def compare_sessions(target: Target, a: str, b: str) -> TrajectoryComparison:
+    """Where two runs diverged, step by step (`compare_trajectories`)."""
+    return compare_trajectories(load_session(target, a), load_session(target, b))
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What `delete_sessions` and `prune_sessions` removed (or, dry, would remove)."""
+
+    sessions: list[str]
+    dry_run: bool = False
+
+
+def delete_sessions(target: Target, session_ids: list[str], *, dry_run: bool = False) -> Deleted:
+    """Forget each session: its checkpoint, history, the approvals it paused on and, on a fleet, every key the
+    fleet keeps for it (so the reaper never requeues it). Every id is checked first: an unknown one raises
+    `SessionNotFoundError` and nothing is deleted."""
+    for session_id in session_ids:
+        load_session(target, session_id)
+    if not dry_run:
+        for session_id in session_ids:
+            target.bundle.delete(session_id)
+    return Deleted(list(session_ids), dry_run=dry_run)
+
+
+def prune_sessions(target: Target, status: str, older_than: timedelta, *, dry_run: bool = False) -> Deleted:
+    """Delete the sessions of `status` last saved longer than `older_than` ago (a Ctrl-C'd run left
+    in-progress, a job no worker serves, finished runs past their keep). A session whose last save time cannot
+    be read is kept."""
+    if older_than < timedelta(0):
+        raise ConfigurationError(f"--older-than is an age, not a negative time ({older_than})")
+    cutoff = datetime.now(UTC) - older_than
+    ids, _ = _statuses(target, status, target.parked_reasons())
+    old = [session_id for session_id in ids if _saved_before(target, session_id, cutoff)]
+    if not dry_run:
+        for session_id in old:
+            target.bundle.delete(session_id)
+    return Deleted(old, dry_run=dry_run)
+
+
+def _saved_before(target: Target, session_id: str, cutoff: datetime) -> bool:
+    entries = sync(get_checkpoint_history(target.bundle.checkpoints, session_id, 1)) or []
+    if not entries:
+        return False
+    saved = datetime.fromisoformat(entries[0].saved_at)
+    return (saved if saved.tzinfo else saved.replace(tzinfo=UTC)) < cutoff
+
+
+def require_session(target: Target, session_id: str) -> None:
+    """`SessionNotFoundError` unless the session has a checkpoint."""
+    if sync(target.bundle.checkpoints.load(validate_session_id(session_id))) is None:
+        raise SessionNotFoundError(session_id, repr(target.bundle))
