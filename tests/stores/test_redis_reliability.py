@@ -100,7 +100,8 @@ def test_a_save_retried_after_a_lost_reply_is_recognised(redis_store: RedisStore
     """redis-py retries a call whose connection broke; the save may have run. Same writer id: 'done', not a conflict."""
     cps = redis_store.checkpoints
     checkpoint = sample_checkpoint("retry")
-    body = checkpoint.model_dump_json(exclude={"messages"})
+    head, whole = cps.codec.seal_record(checkpoint, "retry")  # as `save` builds it (issue #31: a pair)
+    body = (head, "" if whole == head else whole)
 
     def send(writer_id: str) -> list[Any]:
         return cps._run_save(_SaveRequest("retry", checkpoint, body, writer_id, None, None), "", 0)[0]
