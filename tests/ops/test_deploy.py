@@ -41,6 +41,14 @@ def k8s_docs() -> list[dict[str, Any]]:
     return docs
 
 
+def node_name(command: list[str]) -> str | None:
+    """The Celery node name a worker command gives (`--hostname`/`-n`); None: `lousho worker`'s default."""
+    for flag in ("--hostname", "-n"):
+        if flag in command:
+            return command[command.index(flag) + 1]
+    return None
+
+
 def test_the_compose_file_has_redis_with_aof_and_noeviction_workers_beat_and_flower() -> None:
     compose = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
     services = compose["services"]
@@ -48,6 +56,8 @@ def test_the_compose_file_has_redis_with_aof_and_noeviction_workers_beat_and_flo
     redis_command = " ".join(services["redis"]["command"])
     assert "--appendonly yes" in redis_command and "--maxmemory-policy noeviction" in redis_command
     assert services["worker"]["command"][:2] == ["lousho", "worker"] and services["worker"]["deploy"]["replicas"] >= 2
+    healthcheck = services["worker"]["healthcheck"]["test"][-1]
+    assert "inspect ping -d celery@$$HOSTNAME" in healthcheck and node_name(services["worker"]["command"]) == "celery@%h"
     assert "inspect ping" in services["worker"]["healthcheck"]["test"][1]
     assert " beat " in services["beat"]["command"][-1] and services["beat"]["deploy"]["replicas"] == 1
     assert " flower " in services["flower"]["command"][-1]
@@ -99,6 +109,7 @@ def test_the_kubernetes_manifests_have_the_expected_kinds_and_settings() -> None
     worker = by_name["Deployment", "lousho-worker"]["spec"]["template"]["spec"]["containers"][0]
     assert worker["command"][:2] == ["lousho", "worker"]
     assert "inspect ping -d celery@$HOSTNAME" in worker["livenessProbe"]["exec"]["command"][-1]
+    assert node_name(worker["command"]) == "celery@%h"  # the node the probe pings: not the default <app>-<pid>@%h
     beat = by_name["Deployment", "lousho-beat"]["spec"]
     assert beat["replicas"] == 1 and beat["strategy"]["type"] == "Recreate"
     redis_conf = by_name["ConfigMap", "redis-config"]["data"]["redis.conf"]
