@@ -26,7 +26,9 @@ CHECKS = [
     ["mypy"],
     ["lint-imports", "--no-cache"],
 ]
-FAST = ["python", "-m", "pytest", "-m", "not workers and not slow", "-rfEs"]
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
+"""Two pytest processes, a test file each at a time (pytest-xdist; issue #33)."""
+FAST = ["python", "-m", "pytest", "-m", "not workers and not slow", "-rfEs", *PARALLEL]
 
 
 def run_check(folder: Path, *args: str) -> list[list[str]]:
@@ -44,7 +46,7 @@ def run_check(folder: Path, *args: str) -> list[list[str]]:
     return [shlex.split(line) for line in (folder / "calls").read_text().splitlines()]
 
 
-ON_LOUSHOS_POOL = ["python", "-m", "pytest", "-q", "-rfEs", *(f"tests/fleet/{name}.py" for name in (
+ON_LOUSHOS_POOL = ["python", "-m", "pytest", "-q", "-rfEs", *PARALLEL, *(f"tests/fleet/{name}.py" for name in (
     "test_fleet_crashes", "test_sub_agents_fleet", "test_fleet_approvals_and_abort", "test_interrupted_calls_fleet",
     "test_death_detection", "test_reaper")), "tests/telemetry/test_traces_fleet.py"]  # fmt: skip
 """The fleet's guarantees run again on lousho's pool (issue #29)."""
@@ -53,7 +55,8 @@ ON_LOUSHOS_POOL = ["python", "-m", "pytest", "-q", "-rfEs", *(f"tests/fleet/{nam
 @pytest.mark.parametrize(
     ("args", "tests"),
     [
-        ([], [["python", "-m", "pytest", "--ignore=tests/chaos", "-rfEs"], ON_LOUSHOS_POOL, ["python", "-m", "chaos"]]),
+        ([], [["python", "-m", "pytest", "--ignore=tests/chaos", "-rfEs", *PARALLEL], ON_LOUSHOS_POOL,
+              ["python", "-m", "chaos", *PARALLEL]]),
         (["tests/stores", "-x"], [["python", "-m", "pytest", "tests/stores", "-x"]]),
         (["--fast"], [FAST]),
         (["--fast", "tests/stores", "-k", "not slow things"], [[*FAST, "tests/stores", "-k", "not slow things"]]),
