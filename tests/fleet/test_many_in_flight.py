@@ -9,6 +9,7 @@ held one call at a time would never get there, so each result saying so proves t
 from __future__ import annotations
 
 import signal
+import socket
 import time
 
 import pytest
@@ -137,10 +138,13 @@ def test_an_abort_cancels_one_session_in_flight_beside_many_others(fleet: Fleet)
 def test_a_worker_reports_its_pools_slots_and_the_calls_it_holds(fleet: Fleet) -> None:
     """What `celery inspect stats` and Flower show of lousho's pool (docs/fleet.md)."""
     names = [f"i{n}" for n in range(3)]
-    hold_many_on_one_worker(fleet, names)  # 13 slots, 3 calls held
+    worker = hold_many_on_one_worker(fleet, names)  # 13 slots, 3 calls held
+    # Asked by its node name: a broadcast reaches every worker on the broker, other tests' running beside this one
+    # (two pytest processes, issue #33), some of them named alike.
+    inspect = fleet.client.app.control.inspect(timeout=5, destination=[f"{worker.name}@{socket.gethostname()}"])
     deadline = time.monotonic() + 30
     while True:  # the turns' tasks that sent the calls end just after the calls start: wait for them to be gone
-        [stats] = (fleet.client.app.control.inspect(timeout=5).stats() or {}).values()
+        [stats] = (inspect.stats() or {}).values()
         pool = stats["pool"]
         if pool["in-flight"] == 3 or time.monotonic() > deadline:
             break

@@ -43,6 +43,11 @@ def alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def started_at(pid: int) -> str:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat): with its pid, unique."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
 def running(pids: list[int]) -> dict[int, str]:
     """Each pid with its command line, for a failure's message."""
     found = {}
@@ -67,7 +72,7 @@ class Demo:
             start_new_session=True,  # a process group of its own: the test's Ctrl-C reaches it and its group only
         )
         self.stdout: list[str] = []
-        self.seen: dict[int, bytes] = {}
+        self.seen: dict[int, str] = {}
         self.left: list[int] = []
         self._readers = [
             threading.Thread(target=self._read, daemon=True),
@@ -87,17 +92,19 @@ class Demo:
             time.sleep(0.02)
 
     def see(self) -> None:
-        """Note every process below the demo now, with its command line (so a reused pid is never mistaken)."""
+        """Note every process below the demo now, by its start time: a pid reused by another process (pid_max is
+        32768 on this machine: a busy run reuses pids within seconds) is never mistaken for it (issue #33: a
+        command line was not enough; a process seen as it exited, with none, matched a kernel thread's)."""
         for pid in descendants(self.process.pid):
-            with contextlib.suppress(OSError):
-                self.seen[pid] = Path(f"/proc/{pid}/cmdline").read_bytes()  # the latest: after its exec
+            with contextlib.suppress(OSError, IndexError):
+                self.seen[pid] = started_at(pid)
 
     def still_running(self) -> list[int]:
-        """The processes noted below the demo that still run (the same command line: no reused pid)."""
+        """The processes noted below the demo that still run (the same start time: no reused pid)."""
         left = []
-        for pid, cmdline in self.seen.items():
-            with contextlib.suppress(OSError):
-                if alive(pid) and Path(f"/proc/{pid}/cmdline").read_bytes() == cmdline:
+        for pid, started in self.seen.items():
+            with contextlib.suppress(OSError, IndexError):
+                if alive(pid) and started_at(pid) == started:
                     left.append(pid)
         return sorted(left)
 
