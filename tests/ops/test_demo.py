@@ -116,3 +116,28 @@ def test_lousho_demo_in_process_crashes_a_process_and_resumes_it() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = " ".join(done.stdout.split())
     assert "killed with SIGKILL" in out and "Finished (stop)" in out
+
+
+def test_the_demo_tells_its_recovery_when_another_reaper_is_running(tmp_path: Path) -> None:
+    """Issue #32 (11): with a `lousho reaper` of the reader's own on the same local store, either reaper may requeue
+    the killed call; the demo still says how the session came back and that the call ran again, not nothing."""
+    home = tmp_path / "home"
+    env = {**no_config(), "LOUSHO_HOME": str(home)}
+    LocalRedis(home).ensure_running()
+    reaper = subprocess.Popen(
+        [LOUSHO, "reaper"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        done = run_clean([LOUSHO, "demo"], env=env, timeout_s=110)
+    finally:
+        reaper.kill()
+        reaper.wait(timeout=10)
+        LocalRedis(home).stop()
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    assert "All 3 sessions finished" in out
+    killed = re.search(r"while running find_restaurants \(call (\w+)\) of (trip-\w+)", out)
+    assert killed, out[-4000:]
+    call, session = killed.groups()
+    assert re.search(rf"Recovered: {session}: (the death sweep requeued it \d+\.\d+s after the kill|another reaper)", out)
+    assert f"{call} ran 2 times in all" in out, out[-4000:]
