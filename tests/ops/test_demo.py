@@ -139,5 +139,7 @@ def test_the_demo_tells_its_recovery_when_another_reaper_is_running(tmp_path: Pa
     killed = re.search(r"while running find_restaurants \(call (\w+)\) of (trip-\w+)", out)
     assert killed, out[-4000:]
     call, session = killed.groups()
-    assert re.search(rf"Recovered: {session}: (the death sweep requeued it \d+\.\d+s after the kill|another reaper)", out)
+    assert re.search(
+        rf"Recovered: {session}: (the death sweep requeued it \d+\.\d+s after the kill|another reaper)", out
+    )
     assert f"{call} ran 2 times in all" in out, out[-4000:]
