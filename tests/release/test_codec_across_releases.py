@@ -65,7 +65,10 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
 def old_side(release: Release, redis_url: str, prefix: str, action: str) -> subprocess.CompletedProcess[str]:
     key = base64.b64encode(KEY_1).decode()
     return subprocess.run(
-        [release.python, "-I", "-c", OLD_SIDE, redis_url, prefix, key, action], capture_output=True, text=True, timeout=60
+        [release.python, "-I", "-c", OLD_SIDE, redis_url, prefix, key, action],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -76,7 +79,7 @@ def test_a_keyed_store_needs_a_reseal_after_0_1_0_and_0_1_0_cannot_read_what_0_2
     assert written.returncode == 0, written.stderr[-2000:]
 
     strict = RedisStore(redis_client, prefix=redis_prefix, codec=PayloadCodec(keys={"k1": KEY_1}))
-    with pytest.raises(UnsealedValueError, match="lousho 0.1"):
+    with pytest.raises(UnsealedValueError, match=r"lousho 0\.1"):
         strict.checkpoints.load("s1")  # 0.1.0's values do not name their place: refused with keys
 
     migrating = RedisStore(
