@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
@@ -261,6 +261,17 @@ class MemoryApprovalStore:
         with self._lock:
             stored = list(self._snapshots.items())
         return waiting(read_each(stored, self._decode, what="approval"), session_id)
+
+    def reseal(self, session_ids: Collection[str] | None = None) -> int:
+        """Write every approval again (only those of `session_ids` when given), pending or decided, sealed under
+        the codec's first key to its place (issue #31, `lousho reseal`); how many. Each one is read and written
+        under its own lock: one that does not open raises, and it and those after it are left as they were."""
+        with self._lock:
+            snapshots = [self._decode(approval_id, raw) for approval_id, raw in list(self._snapshots.items())]
+            chosen = [s for s in snapshots if session_ids is None or s.session_id in session_ids]
+            for snapshot in chosen:
+                self._snapshots[snapshot.id] = self._encode(snapshot)
+        return len(chosen)
 
     def put_raw(self, approval_id: str, raw: str) -> None:
         """Store a raw value as an approval snapshot (tests of corrupt records)."""
