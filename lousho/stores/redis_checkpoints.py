@@ -49,6 +49,7 @@ from redis.commands.core import Script
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
 from lousho.stores.codec import PLAIN, PayloadCodec, message_place
+from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
 from lousho.stores.redis_reader import CheckpointReader
@@ -363,6 +364,17 @@ class RedisCheckpointStore:
 
         stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
         return read_each(stored_heads, matching, what="session")
+
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        with redis_errors(self.client, "read session heads"):
+            pipe = self.client.pipeline(transaction=False)  # GETs, not MGET: on a Cluster heads span slots (#18)
+            for session_id in session_ids:
+                pipe.get(self.keys.head(session_id))
+            raws: list[Any] = pipe.execute() if session_ids else []
+        stored = [(s, raw) for s, raw in zip(session_ids, raws, strict=True) if raw is not None]
+        return read_each(stored, head_fields, what="session")
 
     def reseal(self, session_id: str) -> int:
         """Write every stored value of the session again under the codec's first key, bound to its place (issue
