@@ -61,7 +61,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             found = list_sessions(ctx, status or None, search=q, start=start, limit=PAGE_ROWS)
         except SDKError as exc:
             return refused(pages, request, exc)
-        response = pages.render(request, "session_rows.html", rows=found.rows)
+        response = pages.render(request, "session_rows.html", rows=found.rows, partial=True)
         shown = f"{found.start + 1 if found.rows else 0}-{found.start + len(found.rows)} of {found.total}"
         response.headers["X-Lousho-Shown"] = shown  # the pager's text, which the script updates too
         return response

@@ -507,3 +507,20 @@ def test_sessions_are_pruned_from_the_sessions_page_after_a_confirmation_step(
     read_only = TestClient(create_dashboard(sqlite_store, read_only=True))
     assert 'id="prune"' not in read_only.get("/").text
     assert read_only.post("/prune", data={**form, "confirm": "on"}).status_code == 403
+
+
+def test_a_live_tables_poll_leaves_the_flash_message_for_the_page(dashboard: tuple[Any, Any, TestClient]) -> None:
+    """Issue #32: the sessions and approvals tables poll their rows every 2 s; a poll that lands between a POST's
+    redirect and the page used to take the flash message, and the page then showed none. Only a full page
+    takes it, once."""
+    _, _, browser = dashboard
+    token = token_of(browser.get("/sessions/trip").text)
+    deleted = browser.post("/sessions/trip/delete", data={"csrf_token": token, "confirm": "on"}, follow_redirects=False)
+    assert deleted.status_code == 303
+    for poll in ("/rows", "/approvals/rows"):
+        answer = browser.get(poll)
+        assert answer.status_code == 200 and "deleted trip" not in answer.text
+        assert "lousho_flash" not in answer.headers.get("set-cookie", "")  # left for the page
+    page = browser.get("/").text
+    assert "deleted trip" in page
+    assert "deleted trip" not in browser.get("/").text  # shown once
