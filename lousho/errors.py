@@ -412,3 +412,28 @@ class AgentNotServedError(ConfigurationError):
 
 
 __all__ += ["AgentNotServedError"]
+
+
+class NewerLayoutError(ConfigurationError):
+    """The fleet's Redis holds a stored layout (`lousho.formats.STORED_LAYOUT`) newer than this lousho's (issue #35).
+
+    A worker of an older release would not find or not read the newer release's keys: it refuses to start, and
+    writes nothing. Upgrade it to the release that wrote the layout (`lousho workers` shows what each live
+    worker runs), or roll the whole fleet back as docs/upgrading.md says.
+    """
+
+    code = "LOUSHO_NEWER_LAYOUT"
+
+    def __init__(self, *, key: str, stored: int, supported: int, version: str) -> None:
+        super().__init__(
+            f"the fleet's Redis holds stored layout {stored} ({key!r}), written by a newer lousho; this lousho "
+            f"({version}) reads and writes layout {supported}, and would not find or not read that release's keys, "
+            "so it does not start and writes nothing. Run the release that wrote it here (`lousho workers` shows "
+            "what each live worker runs); to roll back a fleet, docs/upgrading.md says how"
+        )
+        self.key = key
+        self.stored = stored
+        self.supported = supported
+
+
+__all__ += ["NewerLayoutError"]

@@ -57,7 +57,8 @@ STORED_LAYOUT = 1
 """The Redis keys and the records in them besides checkpoints and approvals (`lousho.fleet.keys`,
 `lousho.stores.redis_*`): a session's `{<session>}:*` keys, the in-flight index, the running index, the
 worker registry, the fleet-wide limits. Bump when a key is renamed or moved, or a record's shape changes
-so that the previous release would not find or not read it."""
+so that the previous release would not find or not read it. Recorded once in Redis at `<prefix>layout` by the
+first worker (`lousho.fleet.layout`); a worker of an older layout refuses to start (`NewerLayoutError`)."""
 
 
 def written_formats() -> dict[str, int]:

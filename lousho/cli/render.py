@@ -115,21 +115,20 @@ def _id_column(table: Table, header: str, ids: Iterable[str]) -> None:
 
 
 def session_cells(row: SessionRow) -> list[str]:
-    """A session row as the table shows it (the last answer cut to one line; the id whole)."""
+    """A session row as the table shows it: what its head holds, its age, why it is parked (the id whole).
+    Nothing of its payload (issue #32: a listing never opens one)."""
     counts = ["-" if row.steps is None else str(row.steps), "-" if row.messages is None else str(row.messages)]
-    if row.parked_reason:
-        last = f"parked: {row.parked_reason}"  # issue #15
-    elif row.sealed:
-        last = "(sealed: set LOUSHO_PAYLOAD_KEYS to read it)"
-    else:
-        last = row.last_answer or ""
-    return [row.session_id, row.status, row.agent or "-", *counts, short(last, 80)]
+    saved = "-" if row.saved_at is None else f"{age_text(row.saved_at)} ago"
+    note = f"parked: {row.parked_reason}" if row.parked_reason else ""  # issue #15
+    if not note and row.parent_session_id:
+        note = f"sub-agent of {row.parent_session_id}"
+    return [row.session_id, row.status, row.agent or "-", *counts, saved, short(note, 80)]
 
 
 def sessions_table(rows: Sequence[Sequence[str]]) -> Table:
     table = Table(title="sessions")
     _id_column(table, "session", (row[0] for row in rows))
-    for column in ("status", "agent", "steps", "messages", "last answer"):
+    for column in ("status", "agent", "steps", "messages", "saved", "note"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(*(escape(cell) for cell in row))

@@ -27,3 +27,4 @@ def register(app: typer.Typer) -> None:
         for session_id, count in done.values.items():
             typer.echo(f"re-sealed {count} values of session {session_id} under key {done.key_id}")
         typer.echo(f"{len(done.values)} session(s) re-sealed under key {done.key_id}")
+        typer.echo(f"{done.approvals} approval(s) re-sealed under key {done.key_id}")

@@ -3,7 +3,6 @@ forking them and cleaning up; each renders an operation of `lousho.operations` (
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Annotated, Any
@@ -41,12 +40,11 @@ from lousho.operations import (
 )
 from lousho.operations.forking import parse_tool_result
 from lousho.operations.sessions import SessionStatusChoice
+from lousho.operations.text import parse_age as parse_age_text
 
 __all__ = ["parse_age", "register", "session_record"]
 
 JSON_HELP = "Print JSON (whole values, nothing cut) instead of a table."
-_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def session_record(row: SessionRow) -> dict[str, Any]:
@@ -57,22 +55,20 @@ def session_record(row: SessionRow) -> dict[str, Any]:
         "agent": row.agent,
         "steps": row.steps,
         "messages": row.messages,
-        "last_answer": row.last_answer,
         "approval_id": row.approval_id,
         "parked_reason": row.parked_reason,
         "aborted": row.aborted,
         "parent_session_id": row.parent_session_id,
-        "sealed": row.sealed,
+        "saved_at": row.saved_at,
     }
 
 
 def parse_age(value: str) -> timedelta:
-    """'30s', '15m', '12h', '7d', '2w' (or several: '1d12h') as a timedelta; a usage error otherwise."""
-    text = value.strip().lower()
-    parts = _AGE.findall(text)
-    if not parts or "".join(number + unit for number, unit in parts) != text:
-        raise USAGE_ERROR(f"--older-than takes an age such as 30s, 15m, 12h, 7d or 2w, not {value!r}")
-    return timedelta(seconds=sum(float(number) * _UNIT_S[unit] for number, unit in parts))
+    """`lousho.operations.text.parse_age`, a usage error when it is not an age."""
+    try:
+        return parse_age_text(value)
+    except ConfigurationError as exc:
+        raise USAGE_ERROR(str(exc.args[0])) from None
 
 
 def _tool_results(ctx: typer.Context, param: Any, values: list[str] | None) -> list[dict[str, Any]]:
@@ -98,7 +94,7 @@ def register(app: typer.Typer) -> None:
             1.0, "--interval", metavar="SECONDS", min=0.05, help="How often --watch looks; default 1."
         ),
     ) -> None:
-        """List sessions, with their status and last answer (and, on stderr, those that cannot be read)."""
+        """List sessions, newest save first, with their status and age (and, on stderr, those that cannot be read)."""
         target = target_of(ctx, read_only=True)
 
         def records() -> list[dict[str, Any]]:

@@ -29,14 +29,18 @@ class Pages:
         self.templates.env.filters["short"] = short
         self.templates.env.filters["time"] = time_text
 
-    def render(self, request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    def render(
+        self, request: Request, template: str, status_code: int = 200, *, partial: bool = False, **values: Any
+    ) -> HTMLResponse:
+        """`template` as an answer. `partial`: a fragment a live page polls for (its rows), not a page a person
+        sees: it leaves the flash message for the next full page (issue #32: a 2 s poll used to take it first)."""
         context = {
             "csrf_field": CSRF_FIELD,
             "csrf_token": csrf_token(request),
             "read_only": self.ctx.read_only,
             "on_fleet": self.ctx.fleet_store is not None,
             "can_run": self.ctx.client is not None and not self.ctx.read_only,
-            "note": take_flash(request),  # what the last POST did: signed by the server, never from the URL
+            "note": None if partial else take_flash(request),  # what the last POST did: signed, never from the URL
             "pending_count": self._pending_count(),
             **values,
         }

@@ -33,7 +33,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             pending = pending_approvals(ctx)
         except SDKError as exc:
             return refused(pages, request, exc)
-        response = pages.render(request, "approval_rows.html", pending=pending)
+        response = pages.render(request, "approval_rows.html", pending=pending, partial=True)
         response.headers["X-Lousho-Pending"] = str(len(pending))
         return response
 

@@ -15,6 +15,8 @@ from lousho.operations import (
     delete_sessions,
     list_sessions,
     load_session,
+    parse_age,
+    prune_sessions,
     resume_session,
     session_history,
     show_session,
@@ -59,7 +61,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             found = list_sessions(ctx, status or None, search=q, start=start, limit=PAGE_ROWS)
         except SDKError as exc:
             return refused(pages, request, exc)
-        response = pages.render(request, "session_rows.html", rows=found.rows)
+        response = pages.render(request, "session_rows.html", rows=found.rows, partial=True)
         shown = f"{found.start + 1 if found.rows else 0}-{found.start + len(found.rows)} of {found.total}"
         response.headers["X-Lousho-Shown"] = shown  # the pager's text, which the script updates too
         return response
@@ -119,4 +121,22 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         except SDKError as exc:
             return refused(pages, request, exc)
         note = f"deleted {', '.join(deleted.sessions)}"
+        return flash(request, RedirectResponse(str(request.url_for("sessions")), status_code=303), note)
+
+    @router.post("/prune", name="prune", response_class=HTMLResponse)
+    async def prune(request: Request) -> Response:
+        """`lousho prune --status S --older-than AGE` from the sessions page (issue #32): first what it would
+        delete (a dry run), then, once its box is ticked, the prune itself."""
+        await check_post(request, read_only=ctx.read_only)
+        form = await request.form()
+        status, older_than = str(form.get("status", "")), str(form.get("older_than", "")).strip()
+        confirmed = form.get("confirm") == "on"
+        try:
+            age = parse_age(older_than)
+            found = await run_in_threadpool(lambda: prune_sessions(ctx, status, age, dry_run=not confirmed))
+        except SDKError as exc:
+            return refused(pages, request, exc)
+        if not confirmed:
+            return pages.render(request, "prune.html", found=found, status=status, older_than=older_than)
+        note = f"pruned {len(found.sessions)} session(s): {', '.join(found.sessions) or 'none'}"
         return flash(request, RedirectResponse(str(request.url_for("sessions")), status_code=303), note)

@@ -36,7 +36,7 @@ from lousho.operations.sessions import (
     show_session,
 )
 from lousho.operations.target import Target, load_session, open_target, sync
-from lousho.operations.text import age_text, short, time_text
+from lousho.operations.text import age_text, parse_age, short, time_text
 
 __all__ = [
     "STATUSES",
@@ -67,6 +67,7 @@ __all__ = [
     "live_workers",
     "load_session",
     "open_target",
+    "parse_age",
     "pending_approvals",
     "pending_count",
     "prune_sessions",

@@ -3,10 +3,11 @@
 Each function takes a `Target` and returns plain typed data: `lousho sessions` prints it as a table or
 JSON, the dashboard as a page; neither reads a store itself.
 
-A listing never needs a payload: a session's status comes from the store's status index (and the fleet's
-parked marks), not from its checkpoint, so a store whose payloads this process cannot open (an encrypted
-store without `LOUSHO_PAYLOAD_KEYS`) still lists every session with its status; the details that live in
-the payload (messages, last answer) are then left out of the row, which says so (`sealed`).
+A listing never opens a payload: a session's status comes from the store's status index (and the fleet's
+parked marks), and the rest of its row from its head's plain fields (`checkpoints.heads()`,
+`lousho.stores.head_fields`): agent, steps, message count, when it was last saved. So a store whose payloads
+this process cannot open (an encrypted store without `LOUSHO_PAYLOAD_KEYS`) lists in full, and a listing
+costs no decryption or message parsing. Rows come newest save first.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from lousho.checkpoint import Checkpoint, ForkOrigin, HistoryEntry, get_checkpoint_history, validate_session_id
-from lousho.errors import ConfigurationError, PayloadKeyError, SessionNotFoundError
+from lousho.errors import ConfigurationError, SessionNotFoundError
 from lousho.operations.target import Target, load_session, sync
+from lousho.stores.head_fields import HeadFields, fields_of_checkpoint
 from lousho.stores.listing import Listing, read_each
 from lousho.trajectory import TrajectoryComparison, compare_trajectories
 
@@ -46,22 +48,19 @@ CHECKPOINT_STATUSES = ("in-progress", "awaiting-approval", "finished")
 
 @dataclass(frozen=True)
 class SessionRow:
-    """One session of a listing. `messages` and `last_answer` are None when its payload cannot be opened."""
+    """One session of a listing: what its status index and its head's plain fields hold (no payload)."""
 
     session_id: str
     status: str
     agent: str | None
     steps: int | None
     messages: int | None
-    last_answer: str | None
     approval_id: str | None
     parked_reason: str | None
     aborted: bool
     parent_session_id: str | None
     saved_at: str | None = None
-    """When the session was last saved (ISO 8601), where its store says without opening the payload."""
-    sealed: bool = False
-    """Its payload could not be opened (no key for it here): only what the index holds is shown."""
+    """When the session was last saved (ISO 8601), None when its store cannot say."""
 
 
 @dataclass(frozen=True)
@@ -107,42 +106,56 @@ def _statuses(target: Target, status: str | None, parked: dict[str, str]) -> tup
 def list_sessions(
     target: Target, status: str | None = None, *, search: str = "", start: int = 0, limit: int | None = None
 ) -> SessionPage:
-    """The sessions of one status (all when None) whose id contains `search`, `limit` of them from `start` (all
-    when None), in id order; those that cannot be read are named in `rows.skipped`."""
+    """The sessions of one status (all when None) whose id contains `search`, newest save first (then by id),
+    `limit` of them from `start` (all when None); those that cannot be read are named in `rows.skipped`. No
+    payload is opened (issue #32)."""
     parked = target.parked_reasons()
     ids, statuses = _statuses(target, status, parked)
     matching = [session_id for session_id in ids if search.strip() in session_id]
+    heads = read_heads(target, matching)
+    ordered = sorted(sorted(heads, key=lambda h: h.session_id), key=_saved_key, reverse=True)
     start = max(0, start)
-    wanted = matching[start:] if limit is None else matching[start : start + limit]
-
-    def row(session_id: str, _: object) -> SessionRow | None:
-        return _row(target, session_id, statuses.get(session_id), parked.get(session_id))
-
-    rows = read_each(((session_id, None) for session_id in wanted), row, what="session")
-    listing = Listing(rows, skipped={**ids.skipped, **rows.skipped})
-    return SessionPage(listing, total=len(matching), start=start, limit=limit)
+    wanted = ordered[start:] if limit is None else ordered[start : start + limit]
+    rows = [_row(target, head, statuses.get(head.session_id), parked.get(head.session_id)) for head in wanted]
+    listing = Listing(rows, skipped={**ids.skipped, **heads.skipped})
+    return SessionPage(listing, total=len(ordered), start=start, limit=limit)
 
 
-def _row(target: Target, session_id: str, status: str | None, parked: str | None) -> SessionRow | None:
-    aborted = _aborted(target, session_id)
-    try:
+def read_heads(target: Target, session_ids: list[str]) -> Listing[HeadFields]:
+    """The plain head fields of each session (`checkpoints.heads()`); a store without it: each checkpoint loaded."""
+    heads = getattr(target.bundle.checkpoints, "heads", None)
+    if callable(heads):
+        return Listing.of(sync(heads(session_ids)))
+
+    def loaded(session_id: str, _: object) -> HeadFields | None:
         checkpoint: Checkpoint | None = sync(target.bundle.checkpoints.load(session_id))
-    except PayloadKeyError:  # the listing needs no payload: the row says what the index knows (issue #32)
-        shown = (parked and "parked") or status or "?"
-        return SessionRow(session_id, shown, None, None, None, None, None, parked, aborted, None, sealed=True)
-    if checkpoint is None:
-        return None
+        return None if checkpoint is None else fields_of_checkpoint(checkpoint)
+
+    return read_each(((session_id, None) for session_id in session_ids), loaded, what="session")
+
+
+def _saved_key(head: HeadFields) -> datetime:
+    """A head's save time for sorting (the oldest possible when its store cannot say: listed last)."""
+    try:
+        saved = datetime.fromisoformat(head.saved_at or "")
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return saved if saved.tzinfo else saved.replace(tzinfo=UTC)
+
+
+def _row(target: Target, head: HeadFields, status: str | None, parked: str | None) -> SessionRow:
+    shown = "parked" if parked is not None else status or head.status
     return SessionRow(
-        session_id=session_id,
-        status="parked" if parked is not None else checkpoint.status,
-        agent=checkpoint.agent_name,
-        steps=checkpoint.step_index,
-        messages=len(checkpoint.messages),
-        last_answer=last_answer(checkpoint),
-        approval_id=checkpoint.approval_id,
+        session_id=head.session_id,
+        status=shown,
+        agent=head.agent_name,
+        steps=head.step_index,
+        messages=head.messages,
+        approval_id=head.approval_id,
         parked_reason=parked,
-        aborted=aborted and checkpoint.status != "finished",
-        parent_session_id=checkpoint.parent_session_id,
+        aborted=_aborted(target, head.session_id) and shown != "finished",
+        parent_session_id=head.parent_session_id,
+        saved_at=head.saved_at,
     )
 
 
@@ -242,19 +255,12 @@ def prune_sessions(target: Target, status: str, older_than: timedelta, *, dry_ru
         raise ConfigurationError(f"--older-than is an age, not a negative time ({older_than})")
     cutoff = datetime.now(UTC) - older_than
     ids, _ = _statuses(target, status, target.parked_reasons())
-    old = [session_id for session_id in ids if _saved_before(target, session_id, cutoff)]
+    heads = read_heads(target, list(ids))  # the listing's save times: its age column and prune agree
+    old = [h.session_id for h in heads if h.saved_at is not None and _saved_key(h) < cutoff]
     if not dry_run:
         for session_id in old:
             target.bundle.delete(session_id)
     return Deleted(old, dry_run=dry_run)
-
-
-def _saved_before(target: Target, session_id: str, cutoff: datetime) -> bool:
-    entries = sync(get_checkpoint_history(target.bundle.checkpoints, session_id, 1)) or []
-    if not entries:
-        return False
-    saved = datetime.fromisoformat(entries[0].saved_at)
-    return (saved if saved.tzinfo else saved.replace(tzinfo=UTC)) < cutoff
 
 
 def require_session(target: Target, session_id: str) -> None:

@@ -4,10 +4,16 @@ issue #15), an age for a person, a time without its microseconds."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-__all__ = ["age_text", "short", "time_text"]
+from lousho.errors import ConfigurationError
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+__all__ = ["age_text", "parse_age", "short", "time_text"]
 
 
 def short(value: Any, limit: int = 100) -> str:
@@ -43,3 +49,13 @@ def time_text(iso_time: str) -> str:
     if then is None:
         return iso_time
     return then.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def parse_age(value: str) -> timedelta:
+    """'30s', '15m', '12h', '7d', '2w' (or several: '1d12h') as a timedelta (prune's --older-than, the dashboard's
+    prune form); `ConfigurationError` otherwise."""
+    text = value.strip().lower()
+    parts = _AGE.findall(text)
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        raise ConfigurationError(f"--older-than takes an age such as 30s, 15m, 12h, 7d or 2w, not {value[:40]!r}")
+    return timedelta(seconds=sum(float(number) * _UNIT_S[unit] for number, unit in parts))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,23 @@ class FileApprovalStore:
             ]
         found = [(name, raw) for name, raw in raws if raw is not None]
         return waiting(read_each(found, self._decode, what="approval"), session_id)
+
+    def reseal(self, session_ids: Collection[str] | None = None) -> int:
+        """Write every approval again (only those of `session_ids` when given), pending or decided, sealed under
+        the codec's first key to its place (issue #31, `lousho reseal`); how many. Each one is read and written
+        under its own lock: one that does not open raises, and it and those after it are left as they were."""
+        count = 0
+        with self._folder.translate():
+            names = self._folder.names(self._folder.approvals)
+        for name in names:
+            with self._folder.locked(f"approval-{file_name(name)}"):
+                snapshot = self.load(name)
+                if snapshot is None or (session_ids is not None and snapshot.session_id not in session_ids):
+                    continue
+                with self._folder.translate():
+                    atomic_write(self._path(name), self._encode(snapshot))
+                count += 1
+        return count
 
     def put_raw(self, approval_id: str, raw: str | bytes) -> None:
         """Store `raw` as an approval's snapshot without checking it (tests of corrupt records)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,6 +37,7 @@ from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_messages import Extent, append_lines, read_lines
+from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.segments import (
     Head,
@@ -284,6 +286,23 @@ class FileCheckpointStore:
             return name if checkpoint is not None and checkpoint.status == status else None
 
         return read_each(((name, None) for name in names), matching, what="session")
+
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        found: list[tuple[str, tuple[bytes, float]]] = []
+        with self._folder.translate():
+            for session_id in session_ids:
+                path = self._path(file_name(session_id))
+                raw = read_file(path)
+                with suppress(FileNotFoundError):
+                    if raw is not None:  # the head file is replaced whole by each save: its time is the save's
+                        found.append((session_id, (raw, path.stat().st_mtime)))
+
+        def read(session_id: str, stored: tuple[bytes, float]) -> HeadFields:
+            return head_fields(session_id, stored[0], saved_at=datetime.fromtimestamp(stored[1], UTC).isoformat())
+
+        return read_each(found, read, what="session")
 
     def prune(self, older_than: datetime | timedelta) -> FilePruned:
         """Remove finished checkpoints last written before the cutoff, history entries saved before it,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, check_version, decode_ch
 from lousho.errors import ConfigurationError, CorruptCheckpointError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned, cutoff_of
 from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.mapping_keys import MappingKeys, TextMapping
 from lousho.stores.reseal import reseal_records
@@ -219,6 +220,13 @@ class MappingCheckpointStore:
             return session_id if decode_checkpoint(session_id, fields).status == status else None
 
         return read_each(heads, matching, what="session")
+
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        with self._lock:
+            raws = [(s, self._data.get(self._keys.head(s))) for s in session_ids]
+        return read_each(((s, raw) for s, raw in raws if raw is not None), head_fields, what="session")
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         """Remove finished checkpoints last saved before the cutoff, history entries saved before it, and

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Collection, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
@@ -31,6 +31,7 @@ from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, C
 from lousho.messages import Message
 from lousho.store_bundle import Pruned, SessionsOfCheckpoints, cutoff_of
 from lousho.stores.codec import PLAIN, PayloadCodec, approval_place
+from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each, waiting
 
 if TYPE_CHECKING:
@@ -155,6 +156,19 @@ class MemoryCheckpointStore:
 
         return read_each(sorted(self._latest.items()), matching, what="session")
 
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        with self._lock:
+            found = [(s, self._latest[s], self._saved_at.get(s)) for s in session_ids if s in self._latest]
+
+        def read(session_id: str, stored: tuple[_Record | str, datetime | None]) -> HeadFields:
+            record, saved = stored
+            raw, count = (record.head, record.count) if isinstance(record, _Record) else (record, None)
+            return head_fields(session_id, raw, saved_at=saved.isoformat() if saved else None, messages=count)
+
+        return read_each(((s, (r, t)) for s, r, t in found), read, what="session")
+
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         """Remove finished checkpoints last saved before the cutoff and history entries saved before it;
         unfinished sessions stay (issue #16: the same `prune()` as every other store)."""
@@ -261,6 +275,17 @@ class MemoryApprovalStore:
         with self._lock:
             stored = list(self._snapshots.items())
         return waiting(read_each(stored, self._decode, what="approval"), session_id)
+
+    def reseal(self, session_ids: Collection[str] | None = None) -> int:
+        """Write every approval again (only those of `session_ids` when given), pending or decided, sealed under
+        the codec's first key to its place (issue #31, `lousho reseal`); how many. Each one is read and written
+        under its own lock: one that does not open raises, and it and those after it are left as they were."""
+        with self._lock:
+            snapshots = [self._decode(approval_id, raw) for approval_id, raw in list(self._snapshots.items())]
+            chosen = [s for s in snapshots if session_ids is None or s.session_id in session_ids]
+            for snapshot in chosen:
+                self._snapshots[snapshot.id] = self._encode(snapshot)
+        return len(chosen)
 
     def put_raw(self, approval_id: str, raw: str) -> None:
         """Store a raw value as an approval snapshot (tests of corrupt records)."""

@@ -12,7 +12,7 @@ encoded here and Lua only compares and stores the bytes (its cjson does not keep
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any, cast
 
@@ -139,6 +139,25 @@ class RedisApprovalStore:
             pipe.zrange(shard, 0, -1, withscores=True)
         rows = [row for found in pipe.execute() for row in cast(list[tuple[bytes | str, float]], found)]
         return [text(member) for member, _ in sorted(rows, key=lambda row: (row[1], text(row[0])))]
+
+    def reseal(self, session_ids: Collection[str] | None = None) -> int:
+        """Write every approval again (only those of `session_ids` when given), pending or decided, sealed under
+        the codec's first key to its place (issue #31, `lousho reseal`); how many. Each one is a compare-and-set
+        (`rewrite`): a decision made meanwhile is read again, never overwritten. One that does not open raises,
+        and it and those after it are left as they were."""
+        start = len(self.keys.approval(""))
+        with redis_errors(self.client, "list approvals to re-seal"):
+            ids = sorted(text(key)[start:] for key in self.client.scan_iter(match=self.keys.approval("*"), count=1000))
+        count = 0
+        for approval_id in ids:
+
+            def same(stored: ApprovalSnapshot | None) -> ApprovalSnapshot | None:
+                chosen = stored is not None and (session_ids is None or stored.session_id in session_ids)
+                return stored if chosen else None
+
+            if self.rewrite(approval_id, same, action=f"re-seal approval {approval_id!r}") is not None:
+                count += 1
+        return count
 
     def put_raw(self, approval_id: str, raw: str | bytes) -> None:
         """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""

@@ -47,13 +47,15 @@ import redis
 from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
-from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError, SDKError
+from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
 from lousho.stores.codec import PLAIN, PayloadCodec, message_place
+from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.redis_common import RedisKeys, load_script, redis_errors, text
-from lousho.stores.redis_records import MessagePool, check_count, decode_record, parse_messages, status_of
+from lousho.stores.redis_reader import CheckpointReader
+from lousho.stores.redis_records import MessagePool, decode_record, status_of
 from lousho.stores.redis_replication import NO_REPLICA_ACK, ReplicaAck
-from lousho.stores.reseal import reseal_redis_records
+from lousho.stores.reseal import reseal_redis_session
 from lousho.stores.segments import Known, SessionCache, common_prefix, new_writer_id
 
 __all__ = ["AndThen", "CheckpointReader", "LeaseLostError", "RedisCheckpointStore", "SaveSkipped"]
@@ -81,54 +83,6 @@ class SaveSkipped(Exception):
     def __init__(self, session_id: str, why: str) -> None:
         super().__init__(f"the save of session {session_id!r} was skipped: {why}")
         self.why = why
-
-
-@dataclass(frozen=True)
-class CheckpointReader:
-    """How to read a session's checkpoint inside a caller's own Lua script (`-- needs: read_checkpoint`),
-    in that script's round trip: the fleet's scripts read it as they take a lease (issue #14).
-
-    Pass `read_keys(s)` as the script's keys and `cached(s).writer` (or '') as its argument, then hand
-    the script's `read_checkpoint()` reply to `from_reply`, which also keeps the store's cache."""
-
-    keys: RedisKeys
-    cache: SessionCache
-    codec: PayloadCodec = PLAIN
-    """Decodes what the store's codec encoded (issue #17)."""
-
-    def cached(self, session_id: str) -> Known | None:
-        """What this process holds of the session's last save it made or read (None: nothing)."""
-        return self.cache.get(session_id)
-
-    def read_keys(self, session_id: str) -> tuple[str, str]:
-        """The keys `read_checkpoint.lua` reads: the head and the messages list."""
-        return self.keys.head(session_id), self.keys.messages(session_id)
-
-    def from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
-        """Decode a `read_checkpoint.lua` reply (made with `known.writer`, or '' when `known` is None). One
-        that cannot be read raises, and the cache forgets the session: no save builds on it (issue #31)."""
-        try:
-            return self._from_reply(session_id, reply, known)
-        except SDKError:
-            self.cache.drop(session_id)
-            raise
-
-    def _from_reply(self, session_id: str, reply: list[Any], known: Known | None) -> Checkpoint | None:
-        kind = text(reply[0])
-        if kind == "none":
-            return None
-        if kind == "corrupt":
-            raise CorruptCheckpointError(session_id, text(reply[1]))
-        # 'known': this process holds the transcript of that very save (writer ids are unique).
-        messages = (
-            list(known.messages) if kind == "known" and known else parse_messages(session_id, reply[2:], self.codec)
-        )
-        checkpoint, meta = decode_record(
-            session_id, reply[1], lambda segments: check_count(session_id, segments, messages), self.codec
-        )
-        if meta is not None:
-            self.cache.put(session_id, Known(checkpoint.version, str(meta["w"]), tuple(checkpoint.messages)))
-        return checkpoint
 
 
 @dataclass(frozen=True)
@@ -411,35 +365,21 @@ class RedisCheckpointStore:
         stored_heads = sorted((s, raw) for s, raw in zip(found, heads, strict=True) if raw is not None)
         return read_each(stored_heads, matching, what="session")
 
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        with redis_errors(self.client, "read session heads"):
+            pipe = self.client.pipeline(transaction=False)  # GETs, not MGET: on a Cluster heads span slots (#18)
+            for session_id in session_ids:
+                pipe.get(self.keys.head(session_id))
+            raws: list[Any] = pipe.execute() if session_ids else []
+        stored = [(s, raw) for s, raw in zip(session_ids, raws, strict=True) if raw is not None]
+        return read_each(stored, head_fields, what="session")
+
     def reseal(self, session_id: str) -> int:
-        """Write every stored value of the session again, sealed under the codec's first key to its place
-        (issue #31, `lousho reseal`), in one MULTI/EXEC on the session's keys (WATCHed: a save in between
-        makes it read again); how many values. A value the codec cannot read raises, nothing written."""
-        head_key, messages_key, history_key = self.keys.session_keys(session_id)
-        with redis_errors(self.client, f"re-seal session {session_id!r}"), self.client.pipeline() as pipe:
-            while True:
-                try:
-                    pipe.watch(head_key, messages_key, history_key)  # type: ignore[no-untyped-call]
-                    head = cast(bytes | None, pipe.get(head_key))
-                    entries = cast(list[bytes], pipe.lrange(history_key, 0, -1))
-                    listed = cast(list[bytes], pipe.lrange(messages_key, 0, -1))
-                    records: list[tuple[str | bytes, bool]] = [(head, False)] if head is not None else []
-                    records += [(e, True) for e in entries]
-                    resealed = reseal_redis_records(session_id, self.codec, records, listed)
-                    new = iter(resealed.records)
-                    pipe.multi()
-                    for position, data in resealed.messages.items():
-                        pipe.lset(messages_key, position, data)
-                    if head is not None:
-                        pipe.set(head_key, next(new), keepttl=True)
-                    for index, data in enumerate(new):
-                        pipe.lset(history_key, index, data)
-                    pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
-        self._cache.drop(session_id)
-        return len(resealed.records) + len(resealed.messages)
+        """Write every stored value of the session again under the codec's first key, bound to its place (issue
+        #31, `lousho reseal`): `lousho.stores.reseal.reseal_redis_session`; how many values."""
+        return reseal_redis_session(self, session_id)
 
     def put_raw(self, session_id: str, raw: str | bytes) -> None:
         """Store a raw value as the latest head (tests of corrupt and foreign records)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lousho.checkpoint import decode_checkpoint
 from lousho.errors import CorruptCheckpointError
@@ -20,7 +20,10 @@ from lousho.stores.codec import PayloadCodec, message_place
 from lousho.stores.redis_records import chain_step
 from lousho.stores.segments import HEADER, parse_message, split_record
 
-__all__ = ["Resealed", "reseal_redis_records", "reseal_records"]
+if TYPE_CHECKING:
+    from lousho.stores.redis_checkpoints import RedisCheckpointStore
+
+__all__ = ["Resealed", "reseal_records", "reseal_redis_records", "reseal_redis_session"]
 
 
 @dataclass
@@ -114,3 +117,38 @@ def _redis_record(meta: dict[str, Any], body: str, new: Mapping[int, Any], old: 
             digest = chain_step(digest, new.get(position, old.get(position, b"")))
         meta = {**meta, "h": digest}
     return '{"' + HEADER + '":' + json.dumps(meta, separators=(",", ":")) + "," + body[1:]
+
+
+def reseal_redis_session(store: RedisCheckpointStore, session_id: str) -> int:
+    """RedisStore: write every stored value of the session again, sealed under the codec's first key to its place
+    (issue #31, `lousho reseal`), in one MULTI/EXEC on the session's keys (WATCHed: a save in between
+    makes it read again); how many values. A value the codec cannot read raises, nothing written."""
+    import redis  # here: SqlStore and the mapping store import this module, and nothing of theirs imports redis
+
+    from lousho.stores.redis_common import redis_errors
+
+    head_key, messages_key, history_key = store.keys.session_keys(session_id)
+    with redis_errors(store.client, f"re-seal session {session_id!r}"), store.client.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(head_key, messages_key, history_key)  # type: ignore[no-untyped-call]
+                head = cast(bytes | None, pipe.get(head_key))
+                entries = cast(list[bytes], pipe.lrange(history_key, 0, -1))
+                listed = cast(list[bytes], pipe.lrange(messages_key, 0, -1))
+                records: list[tuple[str | bytes, bool]] = [(head, False)] if head is not None else []
+                records += [(e, True) for e in entries]
+                resealed = reseal_redis_records(session_id, store.codec, records, listed)
+                new = iter(resealed.records)
+                pipe.multi()
+                for position, data in resealed.messages.items():
+                    pipe.lset(messages_key, position, data)
+                if head is not None:
+                    pipe.set(head_key, next(new), keepttl=True)
+                for index, data in enumerate(new):
+                    pipe.lset(history_key, index, data)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                continue
+    store.reader.cache.drop(session_id)  # the reader shares the store's cache
+    return len(resealed.records) + len(resealed.messages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import sqlalchemy as sa
@@ -109,6 +110,20 @@ class SqlApprovalStore:
                 for approval_id, data in conn.execute(query.order_by(table.c.created_at, table.c.id))
             ]
         return read_each(rows, self._decode, what="approval")
+
+    def reseal(self, session_ids: Collection[str] | None = None) -> int:
+        """Write every approval again (only those of `session_ids` when given), pending or decided, sealed under
+        the codec's first key to its place (issue #31, `lousho reseal`), in one transaction; how many. One that
+        does not open raises, and nothing is written."""
+        table = self._db.approvals
+        query = sa.select(table.c.id, table.c.data)
+        if session_ids is not None:
+            query = query.where(table.c.session_id.in_(list(session_ids)))
+        with self._db.write() as conn:
+            snapshots = [self._decode(str(approval_id), data) for approval_id, data in conn.execute(query)]
+            for snapshot in snapshots:
+                conn.execute(table.update().where(table.c.id == snapshot.id).values(data=self._encode(snapshot)))
+        return len(snapshots)
 
     def put_raw(self, approval_id: str, raw: str, *, session_id: str | None = None) -> None:
         """Store `raw` as a pending approval's snapshot without checking it (tests of corrupt records)."""

@@ -22,6 +22,7 @@ the session is deleted; `delete(keep_history=True)` keeps the messages its histo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,7 +34,8 @@ from lousho.checkpoint import Checkpoint, HistoryEntry, decode_checkpoint
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, PayloadDecodeError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
-from lousho.stores.listing import Listing
+from lousho.stores.head_fields import HeadFields, head_fields
+from lousho.stores.listing import Listing, read_each
 from lousho.stores.reseal import reseal_records
 from lousho.stores.segments import (
     Head,
@@ -234,6 +236,24 @@ class SqlCheckpointStore:
             query = query.where(table.c.status == status)
         with self._db.read() as conn:
             return Listing(conn.execute(query).scalars())
+
+    def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
+        """The plain head fields of each named session that has a checkpoint, in the order given, never opening a
+        payload (issue #32: what listings read); a head that cannot be read is named in `skipped`."""
+        table = self._db.checkpoints
+        query = sa.select(table.c.session_id, table.c.updated_at, table.c.data)
+        found: dict[str, tuple[datetime, str]] = {}
+        with self._db.read() as conn:
+            for start in range(0, len(session_ids), 500):
+                chunk = list(session_ids[start : start + 500])
+                for session_id, updated_at, data in conn.execute(query.where(table.c.session_id.in_(chunk))):
+                    found[str(session_id)] = (updated_at, data)
+
+        def read(session_id: str, row: tuple[datetime, str]) -> HeadFields:
+            saved = row[0] if row[0].tzinfo else row[0].replace(tzinfo=UTC)  # stored naive, in UTC
+            return head_fields(session_id, row[1], saved_at=saved.isoformat())
+
+        return read_each(((s, found[s]) for s in session_ids if s in found), read, what="session")
 
     def prune(self, older_than: datetime | timedelta) -> Pruned:
         """Remove finished checkpoints last saved before the cutoff, history entries saved before it,

@@ -18,7 +18,8 @@ from typing import Any
 
 from celery import signals
 
-from lousho.errors import StoreUnavailableError
+from lousho.errors import NewerLayoutError, StoreUnavailableError
+from lousho.fleet.layout import claim_layout
 from lousho.fleet.liveness import this_process
 from lousho.fleet.protocol import speaks
 from lousho.fleet.registry import WorkerRegistry
@@ -113,6 +114,22 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     log.info("lousho: serving %s on %s", ", ".join(sorted(runtime.agents)), ", ".join(queues))
 
 
+def _on_init(sender: Any = None, **_: Any) -> None:
+    """Before the worker connects to its broker: refuse to start on a Redis whose stored layout is newer than this
+    lousho's (issue #35, `lousho.fleet.layout`), else record ours. SystemExit, not an exception: Celery's signals
+    log an exception and go on; a worker must not."""
+    runtime = getattr(getattr(sender, "app", None), "lousho_runtime", None)
+    if not isinstance(runtime, FleetRuntime):
+        return
+    try:
+        claim_layout(runtime.store.client, runtime.store.keys.prefix)
+    except NewerLayoutError as exc:
+        log.critical("lousho: this worker does not start: %s", exc)
+        raise SystemExit(f"lousho: this worker does not start: {exc}") from None
+    except StoreUnavailableError as exc:  # Redis down at start: each step reads it anyway; the next start checks
+        log.warning("could not check the fleet's stored layout: %s", exc)
+
+
 def _on_shutdown(sender: Any = None, **_: Any) -> None:
     presence = _presences.pop(id(getattr(sender, "app", None)), None)
     if presence is not None:
@@ -120,6 +137,8 @@ def _on_shutdown(sender: Any = None, **_: Any) -> None:
 
 
 def watch_presence() -> None:
-    """Connect to Celery's worker signals: publish when ready, take back at shutdown."""
+    """Connect to Celery's worker signals: check the stored layout first, publish when ready, take back at
+    shutdown."""
+    signals.worker_init.connect(_on_init, weak=False, dispatch_uid="lousho-layout-check")
     signals.worker_ready.connect(_on_ready, weak=False, dispatch_uid="lousho-presence-ready")
     signals.worker_shutdown.connect(_on_shutdown, weak=False, dispatch_uid="lousho-presence-shutdown")

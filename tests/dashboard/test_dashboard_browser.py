@@ -63,7 +63,10 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
     fleet.start_worker("w1")
     with serving(create_dashboard(fleet.store, client=fleet.client)) as base, chromium_page() as page:
         blocked: list[str] = []  # what the Content-Security-Policy refused (issue #31): nothing of the dashboard's own
-        page.on("console", lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None)
+        page.on(
+            "console",
+            lambda message: blocked.append(message.text) if "Content Security Policy" in message.text else None,
+        )
         fleet.client.enqueue("jobs", "Square 2", session_id="warm-up")
         fleet.wait_for(["warm-up"], timeout_s=60)
         page.goto(f"{base}/")
@@ -72,6 +75,14 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         page.wait_for_selector("#pending-count:text-is('1')", timeout=10_000)  # the count follows too (issue #32)
         assert page.inner_text("#pager-shown") == "1-2 of 2"
         shoot(page, shots, "sessions")
+        rows = page.locator("#session-rows tr")
+        assert rows.first.get_attribute("data-session") == "pay"  # newest save first, with its age (issue #32)
+        assert rows.first.locator("td.age").inner_text().endswith(" ago")
+        page.select_option("#prune-status", "finished")  # prune: first what it would delete (issue #32)
+        page.fill("#prune-older-than", "1d")
+        page.click("#prune")
+        page.wait_for_selector("text=Nothing to delete.", timeout=10_000)
+        page.goto(f"{base}/")
         page.select_option("#status-filter", "finished")  # filters at once (live.js: the CSP allows no inline handler)
         page.wait_for_url("**status=finished**")
         assert page.locator('tr[data-session="pay"]').count() == 0
@@ -126,5 +137,10 @@ def test_a_job_is_approved_from_the_page_then_forked_run_and_compared_in_a_brows
         page.wait_for_selector("tr[data-approval]:has-text('charge')", timeout=60_000)
         page.wait_for_selector("#pending-count:text-is('1')", timeout=10_000)
     assert blocked == []
-    assert fleet.counts("runs") == {"k1": 1, "w1": 1, "c1": 1, "s1": 1}  # the fork ran no tool: its results came from the save
+    assert fleet.counts("runs") == {
+        "k1": 1,
+        "w1": 1,
+        "c1": 1,
+        "s1": 1,
+    }  # the fork ran no tool: its results came from the save
     assert {shot.stem: shot.read_bytes()[:8] for shot in shots.glob("*.png")} == dict.fromkeys(PAGES, PNG)

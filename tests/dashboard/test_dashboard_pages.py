@@ -254,8 +254,10 @@ def test_the_sessions_list_is_paged_and_the_live_rows_follow_the_page(sqlite_sto
     first = browser.get("/", params={"q": "bulk-"}).text
     assert first.count('data-session="bulk-') == PAGE_ROWS and f"of {PAGE_ROWS + 3}" in first
     assert 'id="next-page"' in first
+    # newest save first (issue #32): the last one saved heads the first page, the first ones end the last
+    assert first.index('data-session="bulk-0102"') < first.index('data-session="bulk-0101"')
     rest = browser.get("/rows", params={"q": "bulk-", "start": PAGE_ROWS})
-    assert rest.text.count('data-session="bulk-') == 3 and 'data-session="bulk-0102"' in rest.text
+    assert rest.text.count('data-session="bulk-') == 3 and 'data-session="bulk-0000"' in rest.text
     assert rest.headers["X-Lousho-Shown"] == f"{PAGE_ROWS + 1}-{PAGE_ROWS + 3} of {PAGE_ROWS + 3}"
 
 
@@ -268,7 +270,8 @@ def test_what_a_run_wrote_is_shown_as_text_never_as_markup(sqlite_store: Any) ->
         )
     )
     browser = TestClient(create_dashboard(sqlite_store))
-    for url in ("/", "/sessions/trip", "/compare?a=trip&b=pay"):
+    assert "<script>alert" not in browser.get("/").text  # the list shows no message (it opens no payload)
+    for url in ("/sessions/trip", "/compare?a=trip&b=pay"):
         page = browser.get(url).text
         assert "<script>alert" not in page and "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in page
 
@@ -451,3 +454,73 @@ def test_the_compare_page_shows_the_steps_once_and_then_what_drifted(sqlite_stor
     assert re.search(r">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC<", history) and not re.search(
         r">[^<]*T\d\d:\d\d:\d\d\.\d+", history
     )
+
+
+def _age_in_sqlite(path: Path, session_id: str, hours: int) -> None:
+    """As if `session_id` was last saved `hours` ago: the head's time, which listings and prune read."""
+    import sqlite3
+    from datetime import timedelta
+
+    then = (datetime.now(UTC) - timedelta(hours=hours)).replace(tzinfo=None).isoformat(sep=" ")
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE lousho_checkpoints SET updated_at = ? WHERE session_id = ?", (then, session_id))
+
+
+def test_the_sessions_page_shows_each_sessions_age_newest_first(sqlite_store: Any, tmp_path: Path) -> None:
+    """Issue #32: an age column, sessions sorted newest first (they were sorted by id, with no age)."""
+    for session_id in ("aa-old", "zz-new"):
+        sync(sqlite_store.checkpoints.save(session_id, Checkpoint(session_id=session_id, version=1)))
+    _age_in_sqlite(tmp_path / "dash.db", "aa-old", 3)
+    page = TestClient(create_dashboard(sqlite_store)).get("/").text
+    assert "<th>saved</th>" in page
+    assert page.index('data-session="zz-new"') < page.index('data-session="aa-old"')
+    old_row = page[page.index('data-session="aa-old"') :].split("</tr>")[0]
+    assert "3 h ago" in old_row
+
+
+def test_sessions_are_pruned_from_the_sessions_page_after_a_confirmation_step(
+    sqlite_store: Any, tmp_path: Path
+) -> None:
+    """`lousho prune` on the dashboard (issue #32): the form shows what it would delete, then deletes it once its
+    box is ticked, through `lousho.operations.prune_sessions`."""
+    for session_id in ("stuck", "fresh"):
+        sync(sqlite_store.checkpoints.save(session_id, Checkpoint(session_id=session_id, version=1)))
+    _age_in_sqlite(tmp_path / "dash.db", "stuck", 2)
+    browser = TestClient(create_dashboard(sqlite_store))
+    page = browser.get("/").text
+    assert 'id="prune"' in page
+    form = {"csrf_token": token_of(page), "status": "in-progress", "older_than": "1h"}
+
+    preview = browser.post("/prune", data=form)
+    assert preview.status_code == 200
+    candidates = preview.text.split('id="prune-candidates"')[1].split("</ul>")[0]
+    assert ">stuck<" in candidates and "fresh" not in candidates
+    assert sync(sqlite_store.checkpoints.load("stuck")) is not None  # a preview deletes nothing
+
+    done = browser.post("/prune", data={**form, "confirm": "on"}, follow_redirects=True)
+    assert done.status_code == 200 and "pruned 1 session(s): stuck" in done.text
+    assert sync(sqlite_store.checkpoints.load("stuck")) is None
+    assert sync(sqlite_store.checkpoints.load("fresh")) is not None
+
+    bad = browser.post("/prune", data={**form, "older_than": "soon"})
+    assert bad.status_code == 400 and "30s, 15m, 12h, 7d or 2w" in bad.text
+    read_only = TestClient(create_dashboard(sqlite_store, read_only=True))
+    assert 'id="prune"' not in read_only.get("/").text
+    assert read_only.post("/prune", data={**form, "confirm": "on"}).status_code == 403
+
+
+def test_a_live_tables_poll_leaves_the_flash_message_for_the_page(dashboard: tuple[Any, Any, TestClient]) -> None:
+    """Issue #32: the sessions and approvals tables poll their rows every 2 s; a poll that lands between a POST's
+    redirect and the page used to take the flash message, and the page then showed none. Only a full page
+    takes it, once."""
+    _, _, browser = dashboard
+    token = token_of(browser.get("/sessions/trip").text)
+    deleted = browser.post("/sessions/trip/delete", data={"csrf_token": token, "confirm": "on"}, follow_redirects=False)
+    assert deleted.status_code == 303
+    for poll in ("/rows", "/approvals/rows"):
+        answer = browser.get(poll)
+        assert answer.status_code == 200 and "deleted trip" not in answer.text
+        assert "lousho_flash" not in answer.headers.get("set-cookie", "")  # left for the page
+    page = browser.get("/").text
+    assert "deleted trip" in page
+    assert "deleted trip" not in browser.get("/").text  # shown once

@@ -34,7 +34,9 @@ def refuse_everyone() -> None:
     raise HTTPException(401, "nobody may look")
 
 
-@pytest.mark.parametrize("url", ["/", "/sessions/trip", "/approvals", "/rows", "/static/dashboard.css", "/sessions/nobody"])
+@pytest.mark.parametrize(
+    "url", ["/", "/sessions/trip", "/approvals", "/rows", "/static/dashboard.css", "/sessions/nobody"]
+)
 def test_every_answer_carries_the_content_security_policy_and_the_framing_and_sniffing_headers(
     sqlite_store: Any, url: str
 ) -> None:
@@ -120,7 +122,11 @@ def test_what_a_post_did_is_shown_once_from_a_signed_flash_message(sqlite_store:
     answer = browser.post(f"/approvals/{approval.id}", data={"decision": "approve", "csrf_token": token_of(page)},
                           follow_redirects=False)  # fmt: skip
 
-    assert answer.status_code == 303 and "note" not in answer.headers["location"] and "approved" not in answer.headers["location"]
+    assert (
+        answer.status_code == 303
+        and "note" not in answer.headers["location"]
+        and "approved" not in answer.headers["location"]
+    )
     shown = browser.get(answer.headers["location"]).text
     assert re.search(rf'class="note"[^>]*>approved {approval.id}', shown)
     assert 'class="note"' not in browser.get("/approvals").text  # once
@@ -145,6 +151,8 @@ def test_the_observability_pages_auth_and_metrics_example_runs_as_shown() -> Non
     exec(compile(example, "observability.md (dashboard)", "exec"), namespace)
     app, scraped = TestClient(namespace["app"]), TestClient(namespace["scraped"])
 
-    assert app.get("/ops/metrics").status_code == 401 and app.get("/ops/", headers={"x-user": "admin"}).status_code == 200
+    assert (
+        app.get("/ops/metrics").status_code == 401 and app.get("/ops/", headers={"x-user": "admin"}).status_code == 200
+    )
     assert app.get("/ops/metrics", headers={"x-user": "admin"}).status_code == 200
     assert scraped.get("/metrics").status_code == 200 and scraped.get("/").status_code == 401

@@ -57,7 +57,9 @@ def test_the_compose_file_has_redis_with_aof_and_noeviction_workers_beat_and_flo
     assert "--appendonly yes" in redis_command and "--maxmemory-policy noeviction" in redis_command
     assert services["worker"]["command"][:2] == ["lousho", "worker"] and services["worker"]["deploy"]["replicas"] >= 2
     healthcheck = services["worker"]["healthcheck"]["test"][-1]
-    assert "inspect ping -d celery@$$HOSTNAME" in healthcheck and node_name(services["worker"]["command"]) == "celery@%h"
+    assert (
+        "inspect ping -d celery@$$HOSTNAME" in healthcheck and node_name(services["worker"]["command"]) == "celery@%h"
+    )
     assert "inspect ping" in services["worker"]["healthcheck"]["test"][1]
     assert " beat " in services["beat"]["command"][-1] and services["beat"]["deploy"]["replicas"] == 1
     assert " flower " in services["flower"]["command"][-1]

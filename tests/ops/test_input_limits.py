@@ -23,7 +23,9 @@ SECRET_PART = "Sk-SECRET"  # what an error must not send back
 
 @pytest.fixture
 def limited(redis_url: str, redis_prefix: str, redis_client: redis.Redis) -> Client:
-    settings = FleetSettings(queue=f"{redis_prefix}q", max_input_chars=1000, max_agent_name_chars=20, max_session_id_chars=30)
+    settings = FleetSettings(
+        queue=f"{redis_prefix}q", max_input_chars=1000, max_agent_name_chars=20, max_session_id_chars=30
+    )
     return Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix), settings=settings)
 
 
@@ -77,7 +79,9 @@ def test_the_default_limits_refuse_a_30_mb_input_and_a_1_mb_agent_name(
         client.enqueue("y" * 1024 * 1024, "hi", require_worker=False)
 
 
-async def test_the_web_app_answers_413_without_echoing_and_refuses_a_huge_body_before_reading_it(limited: Client) -> None:
+async def test_the_web_app_answers_413_without_echoing_and_refuses_a_huge_body_before_reading_it(
+    limited: Client,
+) -> None:
     from examples.webapp.app import create_app
 
     before = everything(limited)
@@ -103,7 +107,9 @@ async def test_the_web_apps_limits_come_from_the_environment(
     for name, value in {"LOUSHO_REDIS_URL": redis_url, "LOUSHO_PREFIX": redis_prefix, "LOUSHO_QUEUE": f"{redis_prefix}q",
                         "LOUSHO_MAX_INPUT_CHARS": "100", "LOUSHO_MAX_AGENT_NAME_CHARS": "10"}.items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app()), base_url="http://webapp.test") as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=create_app()), base_url="http://webapp.test"
+    ) as http:
         long_input = await http.post("/jobs", json={"agent": "jobs", "input": "x" * 101})
         long_agent = await http.post("/jobs", json={"agent": "j" * 11, "input": "hi"})
 

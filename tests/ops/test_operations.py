@@ -76,13 +76,14 @@ def test_a_listing_needs_no_payload_key(tmp_path: Path) -> None:
     assert "door" in listed.stdout and "gate" in listed.stdout and "finished" in listed.stdout
     assert "7531-secret" not in listed.stdout
     finished = json.loads(lousho("sessions", "--status", "finished", "--json", env=env).stdout)
-    assert [(r["session_id"], r["status"], r["sealed"]) for r in finished] == [("door", "finished", True)]
+    assert [(r["session_id"], r["status"], r["messages"]) for r in finished] == [("door", "finished", 2)]
     everything = json.loads(lousho("sessions", "--json", env=env).stdout)
     assert {r["session_id"]: r["status"] for r in everything} == {"door": "finished", "gate": "in-progress"}
 
     keys = f"k1:{base64.b64encode(KEY_1).decode()}"
     opened = json.loads(lousho("sessions", "--json", env={**env, "LOUSHO_PAYLOAD_KEYS": keys}).stdout)
-    assert next(r for r in opened if r["session_id"] == "door")["last_answer"] == "7531-secret"
+    assert opened == everything  # the key changes nothing: a listing opens no payload (issue #32)
+    assert all("7531-secret" not in json.dumps(r) for r in opened)
 
 
 # (4) read-only commands refuse a store that does not exist
@@ -327,8 +328,10 @@ def test_the_readmes_cleaning_up_block_works_as_printed(tmp_path: Path) -> None:
     store.checkpoints.save("chat-42.porto", sample_checkpoint("chat-42.porto", status="finished"))
     store.close()
     two_hours_ago = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
-    with sqlite3.connect(tmp_path / "jobs.db") as db:  # as if saved two hours ago
+    with sqlite3.connect(tmp_path / "jobs.db") as db:  # as if saved two hours ago (the head's time: the listing's)
         db.execute("UPDATE checkpoint_history SET saved_at = ? WHERE session_id = 'demo-stuck'", (two_hours_ago,))
+        naive = two_hours_ago[:26].replace("T", " ")  # how the SQL store keeps its naive UTC times
+        db.execute("UPDATE lousho_checkpoints SET updated_at = ? WHERE session_id = 'demo-stuck'", (naive,))
     env = sqlite_env(tmp_path / "jobs.db")
 
     dry, pruned, deleted = (

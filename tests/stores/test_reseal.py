@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint
 from lousho.errors import ConfigurationError, PayloadKeyError, UnsealedValueError
-from lousho.messages import Message
+from lousho.messages import Message, ToolCall
 from lousho.operations import Target, reseal_sessions
 from lousho.stores.codec import MAGIC, PLAIN, TEXT_MARK, PayloadCodec, Place
 from lousho.stores.file import FileStore
@@ -110,6 +111,46 @@ def test_resealing_under_a_new_key_lets_the_old_one_go(open_store: Callable[[Pay
     assert [e.checkpoint.version for e in only_new.checkpoints.history("s1")] == [2, 1]
     with pytest.raises(PayloadKeyError, match="'k2'"):
         open_store(codec("k1")).checkpoints.load("s1")
+
+
+def approval(approval_id: str, session: str) -> ApprovalSnapshot:
+    paused = Checkpoint(session_id=session, version=1, status="awaiting-approval", messages=[Message.user(SECRET)])
+    call = ToolCall(id=f"call-{approval_id}", name="pay", arguments={"card": SECRET})
+    return ApprovalSnapshot(id=approval_id, session_id=session, tool_call=call, checkpoint=paused)
+
+
+def test_approvals_pending_and_decided_are_resealed_too(open_store: Callable[[PayloadCodec], Any]) -> None:
+    """Issue #31: `lousho reseal` used to skip approvals, so a pending one written before the keys (or under a
+    key being retired) could not be decided once the migration setting was off."""
+    plain = open_store(PLAIN)
+    run(plain, "s1")
+    run(plain, "s2")
+    for snapshot in (approval("a1", "s1"), approval("a2", "s1"), approval("b1", "s2")):
+        plain.approvals.save(snapshot)
+    plain.approvals.decide("a2", True, None)
+    with pytest.raises(UnsealedValueError):
+        open_store(codec("k1")).approvals.load("a1")
+
+    migrating = open_store(codec("k1", unsealed=True))
+    assert reseal_sessions(Target(migrating), ["s1"]).approvals == 2  # the session's own, decided or not
+    strict = open_store(codec("k1"))
+    loaded = strict.approvals.load("a1")
+    assert loaded is not None and loaded.tool_call.arguments == {"card": SECRET}
+    decided = strict.approvals.load("a2")
+    assert decided is not None and decided.status == "approved"
+    with pytest.raises(UnsealedValueError):
+        strict.approvals.load("b1")  # another session's: not named, not touched
+
+    assert reseal_sessions(Target(open_store(codec("k1", unsealed=True)))).approvals == 3  # --all: every one
+    assert [a.id for a in open_store(codec("k1")).approvals.pending()] == ["a1", "b1"]
+
+
+def test_a_file_store_reseals_its_approvals(tmp_path: Path) -> None:
+    FileStore(tmp_path / "f").approvals.save(approval("a1", "s1"))
+    migrating = FileStore(tmp_path / "f", codec=codec("k1", unsealed=True))
+    assert migrating.approvals.reseal() == 1
+    loaded = FileStore(tmp_path / "f", codec=codec("k1")).approvals.load("a1")
+    assert loaded is not None and loaded.tool_call.arguments == {"card": SECRET}
 
 
 def test_resealing_needs_a_key_and_a_store_that_can() -> None:
