@@ -19,7 +19,8 @@ from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.file import FileStore
 from lousho.stores.sql import SqliteStore
 from lousho.testing.store_contract import sample_checkpoint, sample_snapshot
-from tests.ops.conftest import DemoFleet, cli_env
+from lousho.testing.workers import start_worker
+from tests.ops.conftest import ROOT, DemoFleet, cli_env, forget_queue
 
 pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
 
@@ -249,15 +250,27 @@ def test_a_job_on_the_fleet_from_enqueue_to_fork_and_compare(demo_fleet: DemoFle
     compared = lousho("compare", "trip-oslo", "trip-oslo.rain", env=env).stdout
     assert "diverged at step 1" in compared and "rain" in compared and "rejected" in compared
 
-    # abort: the run stops before it reaches the booking, and stays in-progress and idle
-    assert (
-        lousho("enqueue", "trip_planner", "Plan a day in Rome.", "--session", "trip-rome", env=env).stdout.strip()
-        == "trip-rome"
-    )
-    assert lousho("abort", "trip-rome", env=env).stdout.startswith("aborted trip-rome")
-    time.sleep(1.5)
+    # abort: the run stops before it reaches the booking, and stays in-progress and idle. Enqueued on a queue no
+    # worker takes yet, so the abort lands before the run could reach its booking however slow `lousho` starts
+    # (issue #33: with tools of 0.05 s the worker won that race on a loaded machine); then a worker takes it.
+    held = {**env, "LOUSHO_QUEUE": f"{demo_fleet.settings.fleet.queue}-held"}
+    enqueue = ("enqueue", "trip_planner", "Plan a day in Rome.", "--session", "trip-rome", "--no-require-worker")
+    assert lousho(*enqueue, env=held).stdout.strip() == "trip-rome"
+    assert lousho("abort", "trip-rome", env=held).stdout.startswith("aborted trip-rome")
+    worker = start_worker("lousho.demo.fleet_app", queue=held["LOUSHO_QUEUE"], name="w-held", env=held, cwd=str(ROOT),
+                          log_dir=demo_fleet.log_dir)  # fmt: skip
+    demo_fleet.workers.append(worker)
+    try:
+        deadline = time.monotonic() + 60
+        while "'aborted'" not in worker.log():  # the task that took the abort ended
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.05)
+    finally:
+        forget_queue(demo_fleet.client.store.client, held["LOUSHO_QUEUE"])
     status = demo_fleet.client.status("trip-rome")
     assert status.status == "in-progress" and status.aborted
+    checkpoint = demo_fleet.client.checkpoint("trip-rome")
+    assert checkpoint is not None and [m.role for m in checkpoint.messages if m.role == "assistant"] == []
     assert demo_fleet.client.approvals("trip-rome") == []
     assert_one_line_error(lousho("abort", "trip-nope", env=env, ok=False), "no session 'trip-nope'", code=3)
 
