@@ -1,0 +1,199 @@
+"""A session's live event stream on the fleet (issue #34): what the workers did, as they do it.
+
+Workers append to one Redis Stream per session (`<prefix>{<session>}:events`, in the session's hash slot, so it
+works on a Cluster): a model turn's start and its attempt, its text deltas as the provider streams them, tool calls
+started and finished, approvals requested and decided, checkpoint saves, requeues, and how the run stopped
+(finished, parked, aborted, a step that failed). Each entry's stream id is where a reader resumes (`after=`,
+or a browser's `Last-Event-ID`). The stream is bounded (`XADD MAXLEN ~`) and expires with the session's TTL.
+
+The stream tells what happened; the checkpoint stays the only truth. A worker that dies mid-turn leaves a partial
+text behind: the turn generated again starts with a `turn-started` event of a higher attempt, and a reader drops
+what it joined of that turn so far. Events are written after the fact and never read by a worker.
+
+Deltas are coalesced: those that arrive within `FleetSettings.events_flush_interval_s` of each other are written
+as one `text-delta` entry (one round trip), and every pending event is written before the turn's answer is saved
+and at the end of each task. So a reader sees a turn's text before its save, and a hop costs a round trip or two
+more, not one per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lousho.checkpoint import maybe_await
+from lousho.events import (
+    ApprovalRequestedEvent,
+    CheckpointSavedEvent,
+    Event,
+    ProviderRetryEvent,
+    TextEvent,
+)
+from lousho.stores.redis import RedisStore
+from lousho.stores.redis_common import redis_errors
+
+__all__ = ["ENDING_KINDS", "EventKind", "EventWriter", "SessionEvent", "events_key"]
+
+log = logging.getLogger("lousho.events")
+
+EventKind = Literal[
+    "turn-started",
+    "text-delta",
+    "tool-call-started",
+    "tool-call-finished",
+    "approval-requested",
+    "approval-decided",
+    "checkpoint-saved",
+    "requeued",
+    "finished",
+    "failed",
+    "parked",
+    "aborted",
+]
+ENDING_KINDS: frozenset[str] = frozenset({"finished", "approval-requested", "parked", "aborted"})
+"""Kinds after which the run waits for someone (or is done): a reader stops there once nothing follows."""
+
+
+def events_key(store: RedisStore, session_id: str) -> str:
+    """The session's event stream, in its hash slot beside its checkpoint."""
+    return store.keys.session_key(session_id, "events")
+
+
+class SessionEvent(BaseModel):
+    """One entry of a session's event stream."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = ""
+    """The stream entry id (`<ms>-<n>`): pass it as `after=` (or a browser's `Last-Event-ID`) to resume after it."""
+    kind: EventKind
+    session_id: str = ""
+    turn: int | None = None
+    """The model turn (1-based) a `turn-started` or `text-delta` belongs to."""
+    attempt: int | None = None
+    """Which start of that turn: 2 after a worker died mid-turn. A `turn-started` (a new attempt, or a provider
+    retry within one) means: drop the turn's text joined so far."""
+    text: str | None = None
+    """A `text-delta`'s text."""
+    data: dict[str, Any] = Field(default_factory=dict)
+    """Kind-specific: a tool call's `call_id`, `name`, `arguments`, `result`; a save's `step`, `status` and
+    `version`; an approval's `approval_id` (and `approved`); a failure's `error`; a park's `reason`."""
+    at_ms: int = 0
+    """When the worker wrote it (its clock, ms since the epoch)."""
+
+    @classmethod
+    def from_entry(cls, session_id: str, entry_id: Any, fields: dict[Any, Any]) -> SessionEvent:
+        raw = fields[b"e"] if b"e" in fields else fields["e"]
+        body = json.loads(raw)
+        stream_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        return cls.model_validate({**body, "id": stream_id, "session_id": session_id})
+
+    def sse(self) -> str:
+        """This event as a Server-Sent Events message (`id`, `event` and `data` lines)."""
+        return f"id: {self.id}\nevent: {self.kind}\ndata: {self.model_dump_json()}\n\n"
+
+
+Hook = Callable[[Event], Awaitable[None] | None]
+
+
+class EventWriter:
+    """The events of one task (one step, one tool call) of one session, written to its stream.
+
+    Buffered, written in one pipelined round trip at each flush point: a delta when `flush_interval_s` has
+    passed since the last write (else a timer), the turn's whole text (just before its save), a tool call's
+    start, and the end of the task (`close`). A write that fails is logged and dropped: the stream is a view,
+    a step never fails for it."""
+
+    def __init__(
+        self, store: RedisStore, session_id: str, *, maxlen: int, flush_interval_s: float, hook: Hook | None = None
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.key = events_key(store, session_id)
+        self.maxlen = maxlen
+        self.flush_interval_s = flush_interval_s
+        self.hook = hook
+        """The app's own `on_event` (create_app), called with every engine event as before."""
+        self.enabled: bool | None = None
+        """The agent's `stream_events`, once the task knows its agent; None: not known (written)."""
+        self.turn: int | None = None
+        self.attempt: int | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._last_write = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # -- what the worker tells ------------------------------------------------------
+
+    def add(self, kind: EventKind, *, now: bool = False, **fields: Any) -> None:
+        """Queue one event (`now`: write it, and all before it, at once)."""
+        self._pending.append({"kind": kind, "at_ms": int(time.time() * 1000), **fields})
+        if now:
+            self.flush()
+
+    def turn_started(self, turn: int, attempt: int, retry: int = 1) -> None:
+        self.turn, self.attempt = turn, attempt
+        data = {"retry": retry} if retry > 1 else {}
+        self.add("turn-started", turn=turn, attempt=attempt, data=data)
+
+    def delta(self, text: str) -> None:
+        last = self._pending[-1] if self._pending else None
+        if last is not None and last["kind"] == "text-delta" and last["attempt"] == self.attempt:
+            last["text"] += text  # coalesced with the delta not written yet
+        else:
+            self.add("text-delta", turn=self.turn, attempt=self.attempt, text=text)
+        wait_s = self.flush_interval_s - (time.monotonic() - self._last_write)
+        if wait_s <= 0:
+            self.flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait_s, self.flush)
+
+    async def sink(self, event: Event) -> None:
+        """The run's `on_event` on the fleet: the engine's events, told to the stream and to the app's hook."""
+        if isinstance(event, TextEvent):
+            if event.delta:
+                self.delta(event.text)
+            else:  # the turn's whole text, just before its save: the reader sees every delta first
+                self.flush()
+        elif isinstance(event, CheckpointSavedEvent):
+            self.add("checkpoint-saved", data={"step": event.step, "status": event.status, "version": event.version})
+        elif isinstance(event, ApprovalRequestedEvent):
+            data = {"approval_id": event.approval_id, "call_id": event.call.id, "name": event.call.name}
+            self.add("approval-requested", data=data)
+        elif isinstance(event, ProviderRetryEvent) and self.turn is not None and self.attempt is not None:
+            self.turn_started(self.turn, self.attempt, retry=event.attempt + 1)  # the provider is asked anew
+        if self.hook is not None:
+            await maybe_await(self.hook(event))
+
+    # -- writing ----------------------------------------------------------------------
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._pending or self.enabled is False:
+            self._pending.clear()
+            return
+        pending, self._pending = self._pending, []
+        self._last_write = time.monotonic()
+        client = self.store.client
+        try:
+            with redis_errors(client, f"write the events of session {self.session_id!r}"):
+                pipe = client.pipeline(transaction=False)
+                for event in pending:
+                    body = json.dumps(event, separators=(",", ":"), default=str)
+                    pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True)
+                if self.store.ttl_s is not None:
+                    pipe.pexpire(self.key, max(1, round(self.store.ttl_s * 1000)))
+                pipe.execute()
+        except Exception as exc:  # a view only: the step goes on, its checkpoint is the truth
+            log.warning("lousho: %d event(s) of session %r not written: %s", len(pending), self.session_id, exc)
+
+    def close(self) -> None:
+        """The task ends: write what is pending."""
+        self.flush()
