@@ -11,17 +11,20 @@ view; the checkpoint (`Client.checkpoint`) is the truth.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
-from lousho.errors import ConfigurationError
+from lousho.errors import ConfigurationError, InvalidInputError
 from lousho.fleet.events import ENDING_KINDS, SessionEvent, events_key
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
 __all__ = ["EventFeed"]
 
+EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+"""A stream entry id, as `after=` (a browser's `Last-Event-ID`) takes it."""
 BATCH = 500
 """The most entries one read returns."""
 
@@ -44,6 +47,10 @@ class EventFeed:
     ) -> None:
         if block_s <= 0:
             raise ConfigurationError(f"block_s must be positive, not {block_s}")
+        if after is not None and not EVENT_ID.fullmatch(after):
+            raise InvalidInputError(
+                f"after= takes an event id of the stream ('<ms>-<n>', an event's .id), not {after[:60]!r}"
+            )
         self.store = store
         self.session_id = session_id
         self.key = events_key(store, session_id)
