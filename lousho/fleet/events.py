@@ -12,16 +12,22 @@ what it joined of that turn so far. Events are written after the fact and never 
 
 Deltas are coalesced: those that arrive within `FleetSettings.events_flush_interval_s` of each other are written
 as one `text-delta` entry (one round trip), and every pending event is written before the turn's answer is saved
-and at the end of each task. So a reader sees a turn's text before its save, and a hop costs a round trip or two
+(the step waits for that write) and at the end of each task (by the process's writer thread, while the worker
+takes its next task). So a reader sees a turn's text before its save, and a hop costs at most one round trip
 more, not one per token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import functools
 import json
 import logging
+import os
+import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -105,9 +111,9 @@ Hook = Callable[[Event], Awaitable[None] | None]
 class EventWriter:
     """The events of one task (one step, one tool call) of one session, written to its stream.
 
-    Buffered, written in one pipelined round trip at each flush point: a delta when `flush_interval_s` has
-    passed since the last write (else a timer), the turn's whole text (just before its save), a tool call's
-    start, and the end of the task (`close`). A write that fails is logged and dropped: the stream is a view,
+    Buffered, written in one pipelined round trip at each flush point: a delta or a tool call's start when
+    `flush_interval_s` has passed since the last write (else a timer then), the turn's whole text (just before
+    its save), and the end of the task (`close`). A write that fails is logged and dropped: the stream is a view,
     a step never fails for it."""
 
     def __init__(
@@ -125,16 +131,25 @@ class EventWriter:
         self.turn: int | None = None
         self.attempt: int | None = None
         self._pending: list[dict[str, Any]] = []
-        self._last_write = 0.0
+        self._last_write = time.monotonic()
+        """When the task last wrote (at first: when it began): the first deltas of a fast turn go together."""
         self._timer: asyncio.TimerHandle | None = None
 
     # -- what the worker tells ------------------------------------------------------
 
-    def add(self, kind: EventKind, *, now: bool = False, **fields: Any) -> None:
-        """Queue one event (`now`: write it, and all before it, at once)."""
+    def add(self, kind: EventKind, *, soon: bool = False, **fields: Any) -> None:
+        """Queue one event (`soon`: write it within `flush_interval_s`, not only at the task's end: a tool call's
+        start is seen while the tool runs, and a call done sooner is written with its end, in one round trip)."""
         self._pending.append({"kind": kind, "at_ms": int(time.time() * 1000), **fields})
-        if now:
-            self.flush()
+        if soon:
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        wait_s = self.flush_interval_s - (time.monotonic() - self._last_write)
+        if wait_s <= 0:
+            self.flush(wait=False)
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(wait_s, functools.partial(self.flush, wait=False))
 
     def turn_started(self, turn: int, attempt: int, retry: int = 1) -> None:
         self.turn, self.attempt = turn, attempt
@@ -147,11 +162,7 @@ class EventWriter:
             last["text"] += text  # coalesced with the delta not written yet
         else:
             self.add("text-delta", turn=self.turn, attempt=self.attempt, text=text)
-        wait_s = self.flush_interval_s - (time.monotonic() - self._last_write)
-        if wait_s <= 0:
-            self.flush()
-        elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait_s, self.flush)
+        self._flush_soon()
 
     async def sink(self, event: Event) -> None:
         """The run's `on_event` on the fleet: the engine's events, told to the stream and to the app's hook."""
@@ -172,7 +183,8 @@ class EventWriter:
 
     # -- writing ----------------------------------------------------------------------
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = True) -> None:
+        """Write what is pending; `wait=False`: by the process's writer thread, off the step's path."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -181,12 +193,18 @@ class EventWriter:
             return
         pending, self._pending = self._pending, []
         self._last_write = time.monotonic()
+        WRITES.submit(functools.partial(self._write, pending), wait=wait)
+
+    def _write(self, pending: list[dict[str, Any]]) -> None:
         client = self.store.client
+        bodies = [json.dumps(event, separators=(",", ":"), default=str) for event in pending]
         try:
             with redis_errors(client, f"write the events of session {self.session_id!r}"):
+                if len(bodies) == 1 and self.store.ttl_s is None:  # one command: no pipeline to build
+                    client.xadd(self.key, {"e": bodies[0]}, maxlen=self.maxlen, approximate=True)
+                    return
                 pipe = client.pipeline(transaction=False)
-                for event in pending:
-                    body = json.dumps(event, separators=(",", ":"), default=str)
+                for body in bodies:
                     pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True)
                 if self.store.ttl_s is not None:
                     pipe.pexpire(self.key, max(1, round(self.store.ttl_s * 1000)))
@@ -195,5 +213,52 @@ class EventWriter:
             log.warning("lousho: %d event(s) of session %r not written: %s", len(pending), self.session_id, exc)
 
     def close(self) -> None:
-        """The task ends: write what is pending."""
-        self.flush()
+        """The task ends: what is pending is written by the writer thread, while the worker takes its next task."""
+        self.flush(wait=False)
+
+
+class OrderedWrites:
+    """The process's event writes, in the order they were submitted: a writer thread does those a task need
+    not wait for (a task's end, a timer's flush), and a write a task waits for (deltas before their turn's save)
+    first does, in its own thread, every write submitted before it. One lock over all writes keeps the order, so
+    a session's events from one process reach its stream in the order they happened."""
+
+    def __init__(self) -> None:
+        self._queued: deque[Callable[[], None]] = deque()
+        self._lock = threading.Condition()
+        self._pid = 0
+
+    def submit(self, write: Callable[[], None], *, wait: bool) -> None:
+        with self._lock:
+            if wait:
+                while self._queued:
+                    self._queued.popleft()()
+                write()
+                return
+            self._start()
+            self._queued.append(write)
+            self._lock.notify()
+
+    def drain(self) -> None:
+        """Do every queued write now (a process that ends: `atexit`)."""
+        self.submit(lambda: None, wait=True)
+
+    def _start(self) -> None:
+        if self._pid != os.getpid():  # after a fork the thread is the parent's: one of this process's own
+            self._pid = os.getpid()
+            threading.Thread(target=self._run, name="lousho-events", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queued:
+                    self._lock.wait()
+                write = self._queued.popleft()
+                try:
+                    write()
+                except Exception:  # `_write` logs its own; anything else must not stop the thread
+                    log.exception("lousho: an event write failed")
+
+
+WRITES = OrderedWrites()
+atexit.register(WRITES.drain)

@@ -26,6 +26,8 @@ __all__ = ["EventFeed"]
 EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 """A stream entry id, as `after=` (a browser's `Last-Event-ID`) takes it."""
 BATCH = 500
+GRACE_S = 0.2
+"""How long after seeing the run stopped a feed waits for the stopping task's last events (`next_batch`)."""
 """The most entries one read returns."""
 
 
@@ -87,8 +89,13 @@ class EventFeed:
             if events[-1].kind in ENDING_KINDS and self._ends_after(events[-1]):
                 self._done = True
             return events
-        if self.idle() or (self.timeout_s is not None and time.monotonic() - self._quiet_since > self.timeout_s):
+        if self.timeout_s is not None and time.monotonic() - self._quiet_since > self.timeout_s:
             return None
+        if self.idle():
+            # A task writes its last events just after its save: read once more, so a run that just stopped
+            # ends the feed after them, not before.
+            time.sleep(GRACE_S)
+            return self.read(block=False) or None
         return []
 
     def _ends_after(self, event: SessionEvent) -> bool:

@@ -109,7 +109,7 @@ async def _run_started(
     running.keeps_start = _policy(run, plan) != "rerun"
     running_calls.add(running)
     told = {"call_id": plan.call.id, "name": plan.call.name}
-    steps.events.add("tool-call-started", now=True, data={**told, "arguments": plan.call.arguments})  # issue #34
+    steps.events.add("tool-call-started", soon=True, data={**told, "arguments": plan.call.arguments})  # issue #34
     try:
         async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal, running.entry):
             result = await _run_abortable(steps, run, plan)
