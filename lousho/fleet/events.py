@@ -44,7 +44,15 @@ from lousho.events import (
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
-__all__ = ["ENDING_KINDS", "EventKind", "EventWriter", "SessionEvent", "events_key"]
+__all__ = [
+    "ENDING_KINDS",
+    "EventKind",
+    "EventWriter",
+    "SessionEvent",
+    "events_key",
+    "open_session_stream",
+    "open_stream",
+]
 
 log = logging.getLogger("lousho.events")
 
@@ -69,6 +77,29 @@ ENDING_KINDS: frozenset[str] = frozenset({"finished", "approval-requested", "par
 def events_key(store: RedisStore, session_id: str) -> str:
     """The session's event stream, in its hash slot beside its checkpoint."""
     return store.keys.session_key(session_id, "events")
+
+
+OPENING_ID = "0-1"
+"""The id of the entry that makes a stream (`open_stream`), deleted at once: no real entry has it."""
+
+
+def open_stream(pipe: Any, key: str, ttl_s: float | None) -> None:
+    """Queue on `pipe` (a MULTI) the commands that make the session's stream, empty, when it has none. Workers
+    write with `NOMKSTREAM` (`EventWriter`): a task still running for a session deleted meanwhile cannot make its
+    stream again, so only the `Client` (a job, a resume) and a new incarnation open one."""
+    pipe.xadd(key, {"e": "{}"}, id=OPENING_ID)  # refused (and nothing done) when the stream has entries already
+    pipe.xdel(key, OPENING_ID)
+    if ttl_s is not None:
+        pipe.pexpire(key, max(1, round(ttl_s * 1000)))
+
+
+def open_session_stream(store: RedisStore, session_id: str) -> None:
+    """Make the session's stream, empty, unless it has one (a job enqueued, a session resumed)."""
+    client = store.client
+    with redis_errors(client, f"open the event stream of session {session_id!r}"):
+        pipe = client.pipeline(transaction=True)
+        open_stream(pipe, events_key(store, session_id), store.ttl_s)
+        pipe.execute(raise_on_error=False)  # the XADD's refusal of a stream that exists is the point
 
 
 class SessionEvent(BaseModel):
@@ -201,11 +232,11 @@ class EventWriter:
         try:
             with redis_errors(client, f"write the events of session {self.session_id!r}"):
                 if len(bodies) == 1 and self.store.ttl_s is None:  # one command: no pipeline to build
-                    client.xadd(self.key, {"e": bodies[0]}, maxlen=self.maxlen, approximate=True)
+                    client.xadd(self.key, {"e": bodies[0]}, maxlen=self.maxlen, approximate=True, nomkstream=True)
                     return
                 pipe = client.pipeline(transaction=False)
                 for body in bodies:
-                    pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True)
+                    pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True, nomkstream=True)
                 if self.store.ttl_s is not None:
                     pipe.pexpire(self.key, max(1, round(self.store.ttl_s * 1000)))
                 pipe.execute()

@@ -30,6 +30,7 @@ from lousho.errors import (
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
+from lousho.fleet.events import open_session_stream
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
@@ -195,6 +196,7 @@ class Client:
             log.warning("%s", error)
 
     def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None) -> None:
+        open_session_stream(self.store, session_id)  # where its workers write its live events (issue #34)
         client = self.store.client
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id))
@@ -321,6 +323,8 @@ class Client:
                 pipe.hset(attempts, mapping=kept)
             pipe.hdel(self.keys.parked_of(session_id), session_id)
             pipe.execute()
+        if self.store.checkpoints.load(session_id) is not None:  # a fork run on the fleet has none yet (issue #34)
+            open_session_stream(self.store, session_id)
         self.inflight.touch(session_id)
         self._send_advance(session_id, "resume")
 

@@ -88,15 +88,20 @@ STOPPED = {"finished": "finished", "aborted": "aborted"}
 
 async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
     """Run a task's work, then write its events to the session's stream: the outcome if the run stopped, a
-    failure (the reaper sends the session again)."""
+    failure (the reaper sends the session again); none for a session deleted meanwhile."""
     try:
         outcome = await work
+    except SessionSupersededError:
+        steps.events.enabled = False  # deleted or made anew meanwhile: nothing of this run is written back
+        raise
     except BaseException as exc:
         steps.events.add("failed", data={"error": f"{type(exc).__name__}: {exc}"[:2000]})
         raise
     else:
         if outcome in STOPPED:
             steps.events.add(STOPPED[outcome])  # type: ignore[arg-type]
+        elif outcome == "unknown-session":
+            steps.events.enabled = False  # a deleted session's stream is not made again
         return outcome
     finally:
         steps.events.close()

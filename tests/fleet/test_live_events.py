@@ -107,7 +107,7 @@ def test_an_agent_with_events_off_writes_none_and_its_run_finishes(fleet: Fleet)
     session = fleet.client.enqueue("quiet", "no stream", session_id="live-quiet")
     fleet.wait_for([session])
     assert saved_answer(fleet, session).startswith("Answer to 'no stream'")
-    assert not fleet.redis.exists(events_key(fleet.store, session))
+    assert fleet.redis.xlen(events_key(fleet.store, session)) == 0  # opened by the Client, written by no worker
     assert list(fleet.client.events(session, block_s=0.2)) == []
 
 
@@ -120,6 +120,9 @@ def test_the_stream_is_bounded_expires_with_the_session_and_goes_with_its_delete
     assert fleet.redis.xlen(key) > 0
     fleet.store.checkpoints.delete(session)
     assert not fleet.redis.exists(key)
+    fleet.client.enqueue("writer", "again", session_id=session)  # a new incarnation: a fresh stream
+    fleet.wait_for([session])
+    assert [e.kind for e in fleet.client.events(session, block_s=0.2)].count("turn-started") == 1
 
 
 def test_a_feed_ends_when_the_run_waits_and_a_bad_resume_id_is_a_typed_error(fleet: Fleet) -> None:
