@@ -12,9 +12,9 @@ what it joined of that turn so far. Events are written after the fact and never 
 
 Deltas are coalesced: those that arrive within `FleetSettings.events_flush_interval_s` of each other are written
 as one `text-delta` entry (one round trip), and every pending event is written before the turn's answer is saved
-(the step waits for that write) and at the end of each task (by the process's writer thread, while the worker
-takes its next task). So a reader sees a turn's text before its save, and a hop costs at most one round trip
-more, not one per token.
+(the step waits for that write) and at the end of each task. So a reader sees a turn's text before its save, and
+a hop costs one or two round trips more, not one per token. Flushes by a timer (a delta of a slow stream, a long
+tool call's start) are written by the process's writer thread, in order with the others.
 """
 
 from __future__ import annotations
@@ -244,8 +244,9 @@ class EventWriter:
             log.warning("lousho: %d event(s) of session %r not written: %s", len(pending), self.session_id, exc)
 
     def close(self) -> None:
-        """The task ends: what is pending is written by the writer thread, while the worker takes its next task."""
-        self.flush(wait=False)
+        """The task ends: what is pending is written before the worker takes its next task, so the next step of
+        the session (maybe on another worker) finds this one's events in the stream before its own."""
+        self.flush()
 
 
 class OrderedWrites:
@@ -256,6 +257,13 @@ class OrderedWrites:
 
     def __init__(self) -> None:
         self._queued: deque[Callable[[], None]] = deque()
+        self._lock = threading.Condition()
+        self._pid = 0
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        """A forked child starts with no writes and a free lock (the parent's thread may have held it)."""
+        self._queued = deque()
         self._lock = threading.Condition()
         self._pid = 0
 
