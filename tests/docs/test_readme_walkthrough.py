@@ -233,7 +233,8 @@ def test_4_the_web_app_takes_a_job_shows_its_approval_and_finishes_it(walk: Walk
         # the job's live events (issue #34), read after it finished: the whole stream, then the end
         streamed = walk.sh(events.replace("localhost:8000", f"localhost:{port}").replace("job-...", job), shown=events)
         kinds = re.findall(r"^event: (\S+)$", streamed, re.M)
-        assert kinds[-1] == "end" and {"approval-requested", "tool-call-finished", "finished"} <= set(kinds), kinds
+        assert kinds[-1] == "end", kinds
+        assert {"approval-requested", "approval-decided", "tool-call-started", "tool-call-finished", "finished"} <= set(kinds)
 
 
 def status_of(walk: Walk, session: str) -> dict[str, Any]:
