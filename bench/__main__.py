@@ -7,7 +7,8 @@ LangGraph and DBOS), latency (2. the fleet's per-step latency against a bare Cel
 throughput (3. sessions/s and steps/s with 1, 2 and 4 workers), growth (4. save time and
 bytes per session at steps 10, 100 and 500, against naive saves and LangGraph's SqliteSaver),
 recovery (5. from a worker's SIGKILL to the session running again), concurrency (6. the waiting workload:
-N sessions of 1 s model turns and a 0.5 s tool call, many in flight per process, `bench.concurrency`).
+N sessions of 1 s model turns and a 0.5 s tool call, many in flight per process, `bench.concurrency`), events
+(7. the fleet's hop with the live event stream on and off, 500 tokens streamed in 50 deltas a turn, `bench.events`).
 
 Writes DIR/README.md (every table), DIR/summary.md (a snippet for the project README),
 DIR/results.json (every raw figure) and the PNG plots. `--full` (the default) writes to
@@ -33,10 +34,10 @@ from typing import Any
 
 import redis
 
-from bench import concurrency, fleet, growth, inprocess, plots, report
+from bench import concurrency, events, fleet, growth, inprocess, plots, report
 from bench.common import ROOT, machine, redis_target, revision, versions
 
-PARTS = ("overhead", "latency", "throughput", "growth", "recovery", "concurrency")
+PARTS = ("overhead", "latency", "throughput", "growth", "recovery", "concurrency", "events")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class Config:
     """(default settings, tuned settings)"""
     concurrency_sizes: tuple[int, ...]
     """Sessions of the waiting workload (issue #29)."""
+    events_turns: int = 10
+    events_repeats: int = 3
+    """The hop with events on and off (issue #34)."""
 
 
 QUICK = Config(
@@ -70,6 +74,8 @@ QUICK = Config(
     throughput_repeats=1,
     recovery_repeats=(1, 2),
     concurrency_sizes=(100,),
+    events_turns=10,
+    events_repeats=3,
 )
 FULL = Config(
     mode="full",
@@ -84,6 +90,8 @@ FULL = Config(
     throughput_repeats=3,
     recovery_repeats=(8, 8),
     concurrency_sizes=(100, 1000, 5000),
+    events_turns=25,
+    events_repeats=15,
 )
 
 
@@ -143,6 +151,13 @@ def measure(config: Config, parts: set[str]) -> dict[str, Any]:
                     {"concurrency"},
                     f"6. the waiting workload ({', '.join(map(str, config.concurrency_sizes))} sessions)",
                     lambda: {"concurrency": concurrency.run(url, config.concurrency_sizes)},
+                )
+            if "events" in parts:
+                attempt(
+                    results,
+                    {"events"},
+                    f"7. the hop with events on and off ({config.events_repeats} repeats)",
+                    lambda: events.run(url, config.events_turns, config.events_repeats),
                 )
             results["meta"] = {
                 "mode": config.mode,

@@ -5,7 +5,9 @@ Configured by environment variables (set by `bench.fleet`): `LOUSHO_BENCH_REDIS`
 `LOUSHO_BENCH_REAPER_S` (default: `FleetSettings()`'s), `LOUSHO_BENCH_OUTBOX=0` (every step sent
 through `app.send_task`, for the latency benchmark's reference row) and `LOUSHO_BENCH_TRACE=1`
 (record every task start, for the recovery benchmark), `LOUSHO_BENCH_BROKER` (a broker other than
-the store's Redis: RabbitMQ, `bench.broker`).
+the store's Redis: RabbitMQ, `bench.broker`), `LOUSHO_BENCH_STREAM_DELTAS=<n>` (each model turn also writes a text
+of 500 tokens, streamed in n deltas: `bench.events`) and `LOUSHO_BENCH_EVENTS=0` (the agent's `stream_events` off:
+no event stream written, issue #34).
 
 The model is a `ScriptedProvider(by_turn=True)` with zero latency: a session's first user
 message says how many tool turns it runs (`turns=<n>`), and optionally that its first tool
@@ -27,9 +29,9 @@ from celery import signals
 from pydantic import BaseModel
 
 from bench.common import profile_between_signals
-from lousho import Agent, ToolContext, define_tool
+from lousho import Agent, Message, ToolContext, define_tool
 from lousho.events import CheckpointSavedEvent, Event
-from lousho.providers import ScriptedProvider, tool_calls
+from lousho.providers import ScriptedProvider, StreamingScriptedProvider, tool_calls
 from lousho.providers.base import ModelRequest
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url, create_app
@@ -44,6 +46,9 @@ SETTINGS = FleetSettings(
     outbox=os.environ.get("LOUSHO_BENCH_OUTBOX", "1") == "1",
     queue=os.environ["LOUSHO_BENCH_QUEUE"],
 )
+STREAM_DELTAS = int(os.environ.get("LOUSHO_BENCH_STREAM_DELTAS") or 0)
+TEXT = " ".join(f"token{i}" for i in range(500))
+"""What each model turn writes when it streams (`bench.events`): 500 tokens, give or take the tokenizer."""
 store = RedisStore(URL, prefix=PREFIX)
 profile_between_signals()  # bench.profile_hop (issue #20)
 redis = store.client
@@ -76,11 +81,12 @@ def answer(request: ModelRequest) -> Any:
     sleep = re.search(r"sleep=([\d.]+)", spec)
     turn = sum(m.role == "assistant" for m in request.messages)
     if turn >= turns:
-        return "done"
+        return TEXT if STREAM_DELTAS else "done"
     arguments: dict[str, Any] = {"n": turn}
     if sleep and turn == 0:
         arguments["sleep_s"] = float(sleep.group(1))
-    return tool_calls((f"call_{turn}", "step", arguments))
+    calls = tool_calls((f"call_{turn}", "step", arguments))
+    return Message.assistant(TEXT, calls.tool_calls) if STREAM_DELTAS else calls
 
 
 def on_event(event: Event) -> None:
@@ -94,8 +100,13 @@ agent = Agent(
     instructions="You run a benchmark.",
     max_steps=MAX_TURNS,
     tools=[define_tool(name="step", description="A trivial step", input=Step, execute=step)],
+    stream_events=os.environ.get("LOUSHO_BENCH_EVENTS", "1") == "1",
 )
-provider = ScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True)
+provider = (
+    StreamingScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True, deltas=STREAM_DELTAS)
+    if STREAM_DELTAS
+    else ScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True)
+)
 app = create_app(
     agents=[agent],
     store=store,

@@ -144,6 +144,17 @@ def goals(results: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
             )
     if ran(results.get("concurrency")):
         rows += _concurrency_goals(results["concurrency"])
+    if ran(results.get("events")):
+        section = results["events"]
+        on, off = (section["per_hop_ms"][side]["median"] for side in ("events on", "events off"))
+        ratio = section["ratio"]["median"]
+        rows.append(
+            (
+                f"live events on: a hop <= {section['goal']:.2f}x events off (500 tokens in 50 deltas a turn)",
+                f"{on:.2f} vs {off:.2f} ms = {ratio:.3f}x",
+                ratio <= section["goal"],
+            )
+        )
     for row in results["recovery"] if ran(results.get("recovery")) else []:
         # The killed call runs again once the reaper sees its process gone (issue #20): at most 1 s,
         # whatever the lease; the lease + reaper bound is what a stopped (not dead) worker waits.
@@ -417,6 +428,16 @@ def concurrency_section(section: dict[str, Any] | None) -> list[str]:
     return lines + table(section)
 
 
+def events_section(section: dict[str, Any] | None) -> list[str]:
+    from bench.events import section as table
+
+    lines = ["## 7. The live event stream's cost (issue #34)", ""]
+    if (skipped := _skipped(lines, section)) is not None:
+        return skipped
+    assert section is not None
+    return lines + table(section)
+
+
 def _load(meta: dict[str, Any]) -> str:
     """The 1-minute load average at the start and the end: other work on the machine skews the figures."""
     if "load" not in meta:
@@ -446,6 +467,7 @@ def markdown(results: dict[str, Any]) -> str:
         *growth_section(results.get("growth")),
         *recovery_section(results.get("recovery")),
         *concurrency_section(results.get("concurrency")),
+        *events_section(results.get("events")),
         NOTES,
         "",
         "See also [redis_store.md](redis_store.md) (`python -m bench.redis_store`): RedisStore against a naive Redis "

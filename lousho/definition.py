@@ -55,6 +55,9 @@ class Agent:
     """`(call, result) -> result | None`: return a result to record instead."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Retries of provider errors that may succeed (rate limit, timeout, server error)."""
+    stream_events: bool = True
+    """On the fleet, write this agent's runs' events (text deltas, tool calls, saves) to each session's event
+    stream, for `Client.events()` (issue #34). False: none written, and its model turns are not streamed."""
 
     def __post_init__(self) -> None:
         if self.max_steps < 1:

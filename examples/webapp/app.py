@@ -7,6 +7,10 @@ it imports no agent code, so it deploys apart from the workers and never runs a 
 
     POST /jobs                 {"agent": "booker", "input": "...", "session_id": null}  -> 202 {"session_id", "status_url"}
     GET  /jobs/{id}            the session's status (in-progress, awaiting-approval, finished, parked)
+    GET  /jobs/{id}/events     its live events as Server-Sent Events (text deltas, tool calls, saves), from the
+                               start or after `Last-Event-ID` (a reconnecting browser misses none); ends when the
+                               run pauses or finishes, with an `end` event (issue #34)
+    GET  /                     a page that sends a question to the `writer` agent and shows its answer streaming
     POST /jobs/{id}/abort      stop the run (running tools see their signal)
     GET  /approvals            pending approvals (?session_id=...)
     POST /approvals/{id}       {"approved": true, "note": "..."}: the fleet continues the run at once
@@ -21,11 +25,14 @@ quotes what was sent.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, JsonValue, StrictBool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -47,6 +54,8 @@ from lousho.scheduler import Client, SessionStatus
 from lousho.settings import LoushoSettings
 
 __all__ = ["app", "create_app", "get_client"]
+
+STATIC = Path(__file__).parent / "static"
 
 
 class JobIn(BaseModel):
@@ -199,6 +208,31 @@ def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 
         if found.status == "unknown":
             raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
         return found
+
+    @api.get("/jobs/{session_id}/events")
+    def events(
+        session_id: str, client: ClientDep, last_event_id: Annotated[str | None, Header()] = None
+    ) -> StreamingResponse:
+        """Server-Sent Events: each event's `id` is its stream id, so a browser that reconnects sends it back as
+        `Last-Event-ID` and goes on after it. Ends with an `end` event once the run pauses or finishes."""
+        if client.status(session_id).status == "unknown":
+            raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
+        feed = client.events(session_id, after=last_event_id or None)
+
+        async def body() -> AsyncIterator[str]:
+            yield "retry: 1000\n\n"
+            async for event in feed:
+                yield event.sse()
+            yield f"event: end\ndata: {client.status(session_id).model_dump_json()}\n\n"
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(body(), media_type="text/event-stream", headers=headers)
+
+    @api.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    api.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @api.post("/jobs/{session_id}/abort", status_code=202)
     def abort(session_id: str, client: ClientDep) -> SessionStatus:

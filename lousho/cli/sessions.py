@@ -23,7 +23,7 @@ from lousho.cli.render import (
     transcript_table,
     transcript_text,
 )
-from lousho.cli.watch import follow_session, watch_sessions
+from lousho.cli.watch import follow_session, follow_stream, watch_sessions
 from lousho.errors import ConfigurationError
 from lousho.operations import (
     Deleted,
@@ -32,9 +32,11 @@ from lousho.operations import (
     compare_sessions,
     delete_sessions,
     fork,
+    latest_event_id,
     list_sessions,
     load_session,
     prune_sessions,
+    session_events,
     session_history,
     show_session,
 )
@@ -117,7 +119,10 @@ def register(app: typer.Typer) -> None:
         full: bool = typer.Option(False, "--full", help="Every message whole, not cut to a line."),
         as_json: bool = typer.Option(False, "--json", help="Print the checkpoint as JSON."),
         follow: bool = typer.Option(
-            False, "--follow", "-f", help="Keep printing new messages, whole, until the session finishes (or Ctrl-C)."
+            False,
+            "--follow",
+            "-f",
+            help="Keep printing new messages, whole, until the session finishes (or Ctrl-C); on a fleet, the model's text as it streams.",
         ),
         interval: float = typer.Option(
             0.5, "--interval", metavar="SECONDS", min=0.05, help="How often --follow looks; default 0.5."
@@ -128,7 +133,16 @@ def register(app: typer.Typer) -> None:
         view = show_session(target, session)
         checkpoint = view.checkpoint
         if follow:
-            follow_session(lambda: load_session(target, session), interval=interval)
+            after = latest_event_id(target, session)  # before the first look: nothing after it is missed
+            if after is None:  # no fleet: no event stream, the saves are looked at every `interval`
+                follow_session(lambda: load_session(target, session), interval=interval)
+            else:
+                follow_stream(
+                    lambda: load_session(target, session),
+                    lambda since: session_events(target, session, since) or [],
+                    after,
+                    interval=interval,
+                )
             return
         if as_json:
             print_json(checkpoint.model_dump(mode="json"))

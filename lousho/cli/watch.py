@@ -1,13 +1,14 @@
 """`lousho sessions --watch` and `lousho show --follow`: the same views, live, as `kubectl get -w` and
-`docker logs -f` (issue #15). Both poll the store every `interval` seconds (any store: none of them
-pushes changes) and end on Ctrl-C with status 0; `--follow` also ends when the session finishes."""
+`docker logs -f` (issue #15). Both poll the store every `interval` seconds, and end on Ctrl-C with status 0;
+`--follow` also ends when the session finishes. On a fleet `--follow` reads the session's event stream instead
+of polling: the model's text appears as it is written (issue #34)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.live import Live
@@ -15,8 +16,12 @@ from rich.table import Table
 
 from lousho.checkpoint import Checkpoint
 from lousho.cli.render import console, message_whole, print_table
+from lousho.operations import describe_event
 
-__all__ = ["follow_session", "watch_sessions"]
+if TYPE_CHECKING:
+    from lousho.fleet.events import SessionEvent
+
+__all__ = ["SavedPrinter", "follow_session", "follow_stream", "watch_sessions"]
 
 
 def watch_sessions(
@@ -49,26 +54,75 @@ def watch_sessions(
         return
 
 
+class SavedPrinter:
+    """Prints a session's saved messages whole, each once, and each change of its status."""
+
+    def __init__(self, load: Callable[[], Checkpoint]) -> None:
+        self.load = load
+        self.shown = 0
+        self.status = ""
+        self.streamed = ""
+        """The text of the model turn streamed so far (`follow_stream`): not printed again once saved."""
+
+    def print_new(self) -> str:
+        """Print what was saved since the last look; the session's status."""
+        checkpoint = self.load()
+        if len(checkpoint.messages) < self.shown:  # deleted and started again (or forked over): from the top
+            typer.echo(f"-- {checkpoint.session_id} started again")
+            self.shown = 0
+        for index in range(self.shown, len(checkpoint.messages)):
+            message = checkpoint.messages[index]
+            if self.streamed and message.role == "assistant" and message.content == self.streamed:
+                typer.echo(f"-- #{index} assistant saved: the text above")  # the checkpoint says the same
+                self.streamed = ""
+            else:
+                typer.echo(message_whole(f"#{index} {message.role}", message))
+        self.shown = len(checkpoint.messages)
+        if checkpoint.status != self.status:
+            self.status = checkpoint.status
+            typer.echo(f"-- {_status_line(checkpoint)}")
+        return self.status
+
+
 def follow_session(load: Callable[[], Checkpoint], *, interval: float) -> None:
     """Print the session's messages whole, then each new one as it is saved, and each change of status; end
     when the session is finished (or on Ctrl-C)."""
-    shown, status = 0, ""
+    saved = SavedPrinter(load)
     try:
-        while True:
-            checkpoint = load()
-            if len(checkpoint.messages) < shown:  # deleted and started again (or forked over): from the top
-                typer.echo(f"-- {checkpoint.session_id} started again")
-                shown = 0
-            for index in range(shown, len(checkpoint.messages)):
-                message = checkpoint.messages[index]
-                typer.echo(message_whole(f"#{index} {message.role}", message))
-            shown = len(checkpoint.messages)
-            if checkpoint.status != status:
-                status = checkpoint.status
-                typer.echo(f"-- {_status_line(checkpoint)}")
-            if status == "finished":
-                return
+        while saved.print_new() != "finished":
             time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+def follow_stream(
+    load: Callable[[], Checkpoint], events: Callable[[str], Iterable[SessionEvent]], after: str, *, interval: float
+) -> None:
+    """`follow_session` from a fleet's event stream (issue #34): the model's text as it streams, the tool calls
+    as they start and finish, and each save's messages whole (a streamed answer once saved is not printed
+    again). `after`: the newest event id before the first look, so nothing written since is missed. Ends when
+    the session is finished (or on Ctrl-C); a pause (an approval) is followed on."""
+    saved = SavedPrinter(load)
+    try:
+        while saved.print_new() != "finished":
+            for event in events(after):
+                after = event.id
+                if event.kind == "text-delta":
+                    if not saved.streamed:
+                        typer.echo(f"#{saved.shown} assistant (streaming, turn {event.turn}): ", nl=False)
+                    saved.streamed += event.text or ""
+                    typer.echo(event.text or "", nl=False)
+                    continue
+                if saved.streamed:
+                    typer.echo("")
+                if event.kind == "turn-started":
+                    saved.streamed = ""
+                line = describe_event(event)
+                if line is not None:
+                    typer.echo(f"-- {line}")
+                if event.kind == "checkpoint-saved":
+                    saved.print_new()
+            time.sleep(interval)  # the feed ended: the run waits (an approval), or it finished
     except KeyboardInterrupt:
         return
 

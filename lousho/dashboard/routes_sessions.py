@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from lousho.dashboard.pages import Pages
@@ -13,11 +16,13 @@ from lousho.dashboard.views import PAGE_ROWS, STATUSES, DashboardContext, finger
 from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError, StoreNotFoundError
 from lousho.operations import (
     delete_sessions,
+    latest_event_id,
     list_sessions,
     load_session,
     parse_age,
     prune_sessions,
     resume_session,
+    session_events,
     session_history,
     show_session,
 )
@@ -69,6 +74,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
     @router.get("/sessions/{session_id}", name="session", response_class=HTMLResponse)
     def session(request: Request, session_id: str) -> HTMLResponse:
         try:
+            events_after = latest_event_id(ctx, session_id)  # before the checkpoint: the page follows on from it
             view = show_session(ctx, session_id, with_sub_sessions=True)
             try:
                 history = session_history(ctx, session_id)
@@ -88,7 +94,27 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
             drift=fingerprint_drift(checkpoint, history),
             fork_source=view.forked_from.session_id if view.forked_from else None,
             forked_from=view.forked_from,
+            events_after=events_after,
         )
+
+    @router.get("/sessions/{session_id}/events", name="session_events")
+    def events(session_id: str, after: str = "", last_event_id: Annotated[str, Header()] = "") -> StreamingResponse:
+        """The session's live events as Server-Sent Events (issue #34), after `Last-Event-ID` (a reconnect) or
+        `?after=` (the page's first connection); 404 off a fleet, where the page looks at the saves instead."""
+        try:
+            feed = session_events(ctx, session_id, last_event_id or after or None)
+        except SDKError as exc:
+            raise HTTPException(400, str(exc)) from None
+        if feed is None:
+            raise HTTPException(404, "no event stream: this store is not a fleet's")
+
+        async def body() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            async for event in feed:
+                yield event.sse()
+            yield "event: end\ndata: {}\n\n"
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @router.get("/sessions/{session_id}/version", name="session_version")
     def version(session_id: str) -> dict[str, int | str]:

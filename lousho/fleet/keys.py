@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from lousho.checkpoint import Checkpoint
 from lousho.fleet.dispatch import tool_turn
+from lousho.fleet.events import events_key, open_stream
 from lousho.messages import ToolCall
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
@@ -132,4 +133,7 @@ class FleetKeys:
             pipe.delete(self.lease(session_id), self.results(session_id), self.dispatched(session_id))
             pipe.delete(self.attempts(session_id), self.abort(session_id))
             pipe.hdel(self.parked_of(session_id), session_id)
+            events = events_key(self.store, session_id)  # a fresh stream: none of the earlier run's (issue #34)
+            pipe.delete(events)
+            open_stream(pipe, events, self.store.ttl_s)
             pipe.execute()

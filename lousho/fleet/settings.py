@@ -91,6 +91,13 @@ class FleetSettings:
     max_session_id_chars: int = 200
     """The longest session id a job may name (at most 200: what keys and task ids carry)."""
 
+    # The session's live event stream (lousho.fleet.events, issue #34).
+    events_maxlen: int = 5000
+    """The most entries a session's event stream keeps (`XADD MAXLEN ~`): older ones are trimmed."""
+    events_flush_interval_s: float = 0.05
+    """Text deltas that arrive within this of the last write are written together, as one entry (one round
+    trip); 0 writes each delta as it comes."""
+
     @property
     def requeue_wait_ms(self) -> int:
         """How long a requeue the reaper sent may wait on the queue before it sends another (the first

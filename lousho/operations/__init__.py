@@ -12,12 +12,14 @@ and neither imports the other (import contracts in pyproject.toml).
 - fleet: `fleet_status`, `live_workers`
 - drift: `drift_report`
 - reseal: `reseal_sessions` (issue #31)
+- events: `session_events`, `latest_event_id`, `describe_event` (issue #34)
 """
 
 from __future__ import annotations
 
 from lousho.operations.approvals import Decided, PendingApproval, decide_approval, pending_approvals, pending_count
 from lousho.operations.drift import DriftReport, drift_report
+from lousho.operations.events import describe_event, latest_event_id, session_events
 from lousho.operations.fleet import FleetView, fleet_status, live_workers
 from lousho.operations.forking import Forked, ForkRequest, fork, start_session
 from lousho.operations.jobs import Aborted, Resumed, abort_session, enqueue, resume_session, wait_until_settled
@@ -59,11 +61,13 @@ __all__ = [
     "compare_sessions",
     "decide_approval",
     "delete_sessions",
+    "describe_event",
     "drift_report",
     "enqueue",
     "fleet_status",
     "fork",
     "list_sessions",
+    "latest_event_id",
     "live_workers",
     "load_session",
     "open_target",
@@ -73,6 +77,7 @@ __all__ = [
     "prune_sessions",
     "reseal_sessions",
     "resume_session",
+    "session_events",
     "session_history",
     "short",
     "show_session",

@@ -6,7 +6,7 @@ Importing this package does not import the vendors' SDKs; a provider imports its
 from lousho.providers.anthropic import AnthropicProvider
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, RetryPolicy, StreamingProvider, ToolSpec
 from lousho.providers.openai import OpenAIProvider
-from lousho.providers.scripted import ScriptedProvider, tool_calls
+from lousho.providers.scripted import ScriptedProvider, StreamingScriptedProvider, tool_calls
 
 __all__ = [
     "AnthropicProvider",
@@ -17,6 +17,7 @@ __all__ = [
     "RetryPolicy",
     "ScriptedProvider",
     "StreamingProvider",
+    "StreamingScriptedProvider",
     "ToolSpec",
     "tool_calls",
 ]

@@ -7,14 +7,15 @@ turn was never asked twice.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from lousho.errors import ProviderError
 from lousho.messages import Message, ToolCall, Usage
 from lousho.providers.base import ModelRequest, ModelResponse
 
-__all__ = ["Answer", "ScriptedProvider", "tool_calls"]
+__all__ = ["Answer", "ScriptedProvider", "StreamingScriptedProvider", "split_text", "tool_calls"]
 
 Answer = ModelResponse | Message | str | list[ToolCall] | Callable[[ModelRequest], Any]
 
@@ -76,3 +77,36 @@ class ScriptedProvider:
             if asyncio.iscoroutine(answer):
                 answer = await answer
         return _as_response(answer)
+
+
+def split_text(text: str, pieces: int) -> list[str]:
+    """`text` cut into `pieces` consecutive parts (fewer when it is shorter), joined back equal to it."""
+    pieces = max(1, min(pieces, len(text)))
+    bounds = [round(i * len(text) / pieces) for i in range(pieces + 1)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+class StreamingScriptedProvider(ScriptedProvider):
+    """A `ScriptedProvider` that streams (a `StreamingProvider`): each answer's text in `deltas` pieces, one
+    every `delta_delay_s`, then the whole answer, as a vendor's streaming API does (issue #34)."""
+
+    def __init__(
+        self,
+        answers: Sequence[Answer] = (),
+        *,
+        latency_s: float = 0.0,
+        by_turn: bool = False,
+        deltas: int = 10,
+        delta_delay_s: float = 0.0,
+    ) -> None:
+        super().__init__(answers, latency_s=latency_s, by_turn=by_turn)
+        self.deltas = deltas
+        self.delta_delay_s = delta_delay_s
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
+        response = await self.generate(request)
+        for piece in split_text(response.message.content or "", self.deltas):
+            if self.delta_delay_s:
+                await asyncio.sleep(self.delta_delay_s)
+            yield piece
+        yield response

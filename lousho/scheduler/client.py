@@ -30,6 +30,7 @@ from lousho.errors import (
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
+from lousho.fleet.events import open_session_stream
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
@@ -37,6 +38,7 @@ from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_business_state, validate_input
 from lousho.messages import Message, text_chars
 from lousho.redaction import redact_secrets, redact_url, url_secrets
+from lousho.scheduler.events import EventFeed
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
@@ -194,6 +196,7 @@ class Client:
             log.warning("%s", error)
 
     def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None) -> None:
+        open_session_stream(self.store, session_id)  # where its workers write its live events (issue #34)
         client = self.store.client
         with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
             client.delete(self.keys.abort(session_id))
@@ -320,6 +323,8 @@ class Client:
                 pipe.hset(attempts, mapping=kept)
             pipe.hdel(self.keys.parked_of(session_id), session_id)
             pipe.execute()
+        if self.store.checkpoints.load(session_id) is not None:  # a fork run on the fleet has none yet (issue #34)
+            open_session_stream(self.store, session_id)
         self.inflight.touch(session_id)
         self._send_advance(session_id, "resume")
 
@@ -329,6 +334,22 @@ class Client:
         if status == "parked":
             return Listing(sorted(self.keys.parked_sessions()))
         return self.store.checkpoints.sessions(status)
+
+    def events(
+        self, session_id: str, after: str | None = None, *, block_s: float = 1.0, timeout_s: float | None = None
+    ) -> EventFeed:
+        """The session's live events, as the workers write them (issue #34): `for event in client.events(id)`
+        (Flask, Django) or `async for ...` (FastAPI). From the stream's start, or after event id `after` (an
+        event's `.id`, a browser's `Last-Event-ID`): none missed, none twice. Each read blocks up to `block_s`;
+        the feed ends when the run pauses or finishes (or saw nothing for `timeout_s`). The checkpoint stays
+        the truth: a `turn-started` of a later attempt means the turn's partial text is dropped."""
+        validate_session_id(session_id)
+
+        def idle() -> bool:
+            status = self.status(session_id)
+            return status.status != "in-progress" or status.aborted
+
+        return EventFeed(self.store, session_id, idle=idle, after=after, block_s=block_s, timeout_s=timeout_s)
 
 
 _KEPT_ON_RESUME = ("call:", "interrupted:")

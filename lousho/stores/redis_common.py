@@ -68,10 +68,10 @@ class RedisKeys:
 
     def run_keys(self, session_id: str) -> list[str]:
         """The keys a fleet keeps beside a session's checkpoint (lousho/fleet/keys.py: its lease,
-        results, marks, poison counts, abort flag, incarnation, requeue mark). Deleting the session
+        results, marks, poison counts, abort flag, incarnation, requeue mark, event stream). Deleting the session
         deletes them: a worker still on the old run then has no lease to save under (issue #21). Its
         calls' leases (`lease:<call id>`) are found from the running index (`delete`, issue #16)."""
-        parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued")
+        parts = ("lease", "results", "dispatched", "attempts", "abort", "epoch", "requeued", "events")
         return [self.session_key(session_id, part) for part in parts]
 
     def _shard(self, of_key: str, index: str) -> str:

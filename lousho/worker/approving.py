@@ -30,6 +30,8 @@ async def apply_decided_approval(steps: SessionSteps, run: Run, checkpoint: Chec
     if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
         return "awaiting-approval"
     resumed = await prepare_resume(run, snapshot, checkpoint, steps.runtime.store.approvals)  # drift, tools
+    decided = {"approval_id": snapshot.id, "approved": snapshot.status == "approved", "note": snapshot.note}
+    steps.events.add("approval-decided", data=decided)  # issue #34
     if snapshot.child is not None:
         # A sub-agent's approval: this session goes back to waiting on its sub-agent call, and the
         # sub-agent applies the decision to its own call (sub_agents.py).

@@ -41,6 +41,7 @@ from lousho.engine import (
 )
 from lousho.errors import CheckpointConflictError, PropagatingToolError, ProviderError, SessionSupersededError
 from lousho.fleet.dispatch import send_advance, tool_turn, turn_number
+from lousho.fleet.events import EventWriter
 from lousho.fleet.keys import result_field
 from lousho.inputs import materialize_accepted
 from lousho.messages import ToolCall
@@ -84,6 +85,15 @@ class SessionSteps:
         """A sub-agent's session: its parent's, told when the step ends it (`sub_agents.py`)."""
         self.agent_name: str | None = None
         """The session's agent, once read: whose sessions in flight it counts among (issue #29)."""
+        settings = runtime.settings
+        self.events = EventWriter(
+            runtime.store,
+            session_id,
+            maxlen=settings.events_maxlen,
+            flush_interval_s=settings.events_flush_interval_s,
+            hook=runtime.on_event,
+        )
+        """The session's live event stream, as this task writes it (issue #34)."""
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -95,6 +105,7 @@ class SessionSteps:
         self.agent_name = agent.name
         note_session(self)  # this step's heartbeats refresh the session's slot (issue #29)
         fenced = self.step_end.fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
+        self.events.enabled = agent.stream_events  # off: no sink, so the provider is not streamed (issue #34)
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),
             provider=fleet_provider(self.runtime, provider, self.session_id),  # fleet-wide rate limits (issue #29)
@@ -103,7 +114,7 @@ class SessionSteps:
             approval_store=self.runtime.store.approvals,
             max_steps=agent.max_steps,
             signal=self.signal,
-            on_event=self.runtime.on_event,
+            on_event=self.events.sink if agent.stream_events else self.runtime.on_event,
         )
 
     def results(self, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -129,6 +140,7 @@ class SessionSteps:
         """Stop advancing the session until someone resumes it by hand (`Client.resume`)."""
         if self.scripts.park(self.session_id, self.epoch, reason):
             log.error("parked session %s: %s", self.session_id, reason)
+            self.events.add("parked", data={"reason": reason})
         settle_slot(self, "parked")
 
     def provider_failed(self, turn: int, error: ProviderError) -> bool:
@@ -156,6 +168,7 @@ class SessionSteps:
         if requeue:
             with redis_errors(self.client, f"take the requeue mark of session {self.session_id!r}"):
                 self.client.delete(self.keys.requeued(self.session_id))
+            self.events.add("requeued")
         lease = self.session_lease()
         attempt = f"turn:{expected_turn}" if expected_turn is not None else ""
         begun = self.scripts.begin_step(self.session_id, lease, attempt)
@@ -241,6 +254,7 @@ class SessionSteps:
                         f"model turn {turn} was started {self.runtime.settings.max_attempts} times without finishing"
                     )
                     return "parked"
+                self.events.turn_started(turn, started)  # a new attempt: a reader drops the turn's partial text
                 try:
                     checkpoint = await self.model_turn(run, checkpoint)
                 except ProviderError as exc:

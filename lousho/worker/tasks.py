@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Coroutine
 from typing import Any, NoReturn
 
 from celery.exceptions import Reject
@@ -66,7 +67,7 @@ def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> st
         validate_session_id(session_id)
         steps = SessionSteps(runtime, session_id)
         try:
-            outcome: str = runtime.run(work(steps))
+            outcome: str = runtime.run(_told(steps, work(steps)))
         except NewerFormatError as exc:  # a session a newer lousho wrote: not damage, never parked
             hand_back(runtime, task, str(exc))
         except NEEDS_A_HUMAN as exc:
@@ -79,6 +80,31 @@ def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> st
     except SDKError as exc:
         log.error("session %r: %s", str(session_id)[:200], exc)
         return f"error: {exc.code}"
+
+
+STOPPED = {"finished": "finished", "aborted": "aborted"}
+"""A step's outcome that the session's event stream tells as how the run stopped (issue #34)."""
+
+
+async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
+    """Run a task's work, then write its events to the session's stream: the outcome if the run stopped, a
+    failure (the reaper sends the session again); none for a session deleted meanwhile."""
+    try:
+        outcome = await work
+    except SessionSupersededError:
+        steps.events.enabled = False  # deleted or made anew meanwhile: nothing of this run is written back
+        raise
+    except BaseException as exc:
+        steps.events.add("failed", data={"error": f"{type(exc).__name__}: {exc}"[:2000]})
+        raise
+    else:
+        if outcome in STOPPED:
+            steps.events.add(STOPPED[outcome])  # type: ignore[arg-type]
+        elif outcome == "unknown-session":
+            steps.events.enabled = False  # a deleted session's stream is not made again
+        return outcome
+    finally:
+        steps.events.close()
 
 
 def register_tasks(app: Any, runtime: FleetRuntime) -> None:

@@ -108,11 +108,16 @@ async def _run_started(
         )
     running.keeps_start = _policy(run, plan) != "rerun"
     running_calls.add(running)
+    told = {"call_id": plan.call.id, "name": plan.call.name}
+    steps.events.add("tool-call-started", soon=True, data={**told, "arguments": plan.call.arguments})  # issue #34
     try:
         async with heartbeat(steps.runtime, steps.session_id, call_lease, steps.signal, running.entry):
-            return await _run_abortable(steps, run, plan)
+            result = await _run_abortable(steps, run, plan)
     finally:
         running_calls.discard(running)
+    if result is not NOT_STARTED and result is not CUT_SHORT:
+        steps.events.add("tool-call-finished", data={**told, "result": result})
+    return result
 
 
 async def _plan(steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall) -> PlannedCall | None:

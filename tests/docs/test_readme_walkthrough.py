@@ -201,7 +201,9 @@ def test_3_the_fleet_sections_worker_and_reaper_run_on_the_local_store(walk: Wal
 
 def test_4_the_web_app_takes_a_job_shows_its_approval_and_finishes_it(walk: Walk) -> None:
     with walk.step("the web app"):
-        install, worker_line, server_line, post_job, approvals, decide = bash_block_after(README, "### A web app")
+        install, worker_line, server_line, post_job, approvals, decide, events = bash_block_after(
+            README, "### A web app"
+        )
         [status] = [c for c in bash_block_after(FLEET, "### A web app") if c.startswith("curl localhost:8000/jobs/")]
         port = str(free_port())
 
@@ -217,7 +219,7 @@ def test_4_the_web_app_takes_a_job_shows_its_approval_and_finishes_it(walk: Walk
         assert installed(walk, "uvicorn") and installed(walk, "fastapi")
         worker = walk.start(worker_line)
         server = walk.start(server_line.replace("--port 8000", f"--port {port}"), shown=server_line)
-        wait_until("the booker worker is ready", lambda: "serving booker on lousho:queue:booker" in worker.text())
+        wait_until("the booker worker is ready", lambda: "serving booker, writer on lousho:queue:booker+writer" in worker.text())
         wait_until("uvicorn answers", lambda: "Uvicorn running" in server.text(), log=server)
         job = curl(post_job)["session_id"]
         wait_until("the job waits", lambda: curl(status, **{"job-...": job})["status"] == "awaiting-approval")
@@ -228,6 +230,11 @@ def test_4_the_web_app_takes_a_job_shows_its_approval_and_finishes_it(walk: Walk
         assert curl(decide, **{"appr_...": pending[0]["id"]})["status"] == "approved"
         done = wait_until("the job ends", lambda: (s := curl(status, **{"job-...": job}))["status"] == "finished" and s)
         assert done["text"] == "Booked: Casa Lisboa at 20:00 for 2.", done
+        # the job's live events (issue #34), read after it finished: the whole stream, then the end
+        streamed = walk.sh(events.replace("localhost:8000", f"localhost:{port}").replace("job-...", job), shown=events)
+        kinds = re.findall(r"^event: (\S+)$", streamed, re.M)
+        assert kinds[-1] == "end", kinds
+        assert {"approval-requested", "approval-decided", "tool-call-started", "tool-call-finished", "finished"} <= set(kinds)
 
 
 def status_of(walk: Walk, session: str) -> dict[str, Any]:

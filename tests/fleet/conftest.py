@@ -46,7 +46,13 @@ class Fleet:
         return f"{self.prefix}test:{name}"
 
     def start_worker(
-        self, name: str | None = None, *, pool: str | None = None, concurrency: int = 1, **env: str
+        self,
+        name: str | None = None,
+        *,
+        pool: str | None = None,
+        concurrency: int = 1,
+        app: str = "tests.fleet.fleet_app",
+        **env: str,
     ) -> WorkerProcess:
         """A worker on `pool` ("lousho": lousho's own, the app's default, issue #29) with `concurrency` slots.
         Without a pool: solo, or LOUSHO_TEST_POOL with LOUSHO_TEST_SLOTS (the whole fleet suite on another pool)."""
@@ -54,7 +60,7 @@ class Fleet:
             pool = os.environ.get("LOUSHO_TEST_POOL", "solo")
             concurrency = int(os.environ.get("LOUSHO_TEST_SLOTS", concurrency))
         worker = start_worker(
-            "tests.fleet.fleet_app",
+            app,
             queue=self.queue,
             name=name or f"w{len(self.workers) + 1}",
             env={**self.env, **env},

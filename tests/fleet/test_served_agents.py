@@ -118,7 +118,10 @@ def test_two_apps_sharing_one_redis_do_not_take_each_others_jobs(
     try:
         client = settings.client()
         served = WorkerRegistry(client.store).live().by_queue()
-        assert served == {f"{redis_prefix}queue:booker": ["booker"], f"{redis_prefix}queue:trip_planner": ["trip_planner"]}
+        assert served == {
+            f"{redis_prefix}queue:booker+writer": ["booker", "writer"],  # examples/webapp/agents.py (issue #34)
+            f"{redis_prefix}queue:trip_planner": ["trip_planner"],
+        }
         bookings = [client.enqueue("booker", "A table for 2 tonight") for _ in range(4)]
         trips = [client.enqueue("trip_planner", "Plan a day in Oslo and book the best restaurant.") for _ in range(4)]
         for session in bookings + trips:  # each paused on its booking: run by its own app, none parked
@@ -141,7 +144,7 @@ def test_enqueued_ahead_with_no_queue_named_the_reaper_sends_the_job_where_its_a
     try:
         redis_client.delete(*client.keys.reaper_locks)  # the first pass's lock, not a reaper at work
         assert reap_once(client.store, client.app, client.settings, now_ms=10**15) == [session]
-        assert redis_client.llen(f"{redis_prefix}queue:booker") in (0, 1)  # sent to the booker's queue
+        assert redis_client.llen(f"{redis_prefix}queue:booker+writer") in (0, 1)  # sent to the booker's queue
         wait_until(lambda: client.status(session).status == "awaiting-approval", timeout_s=60)
     finally:
         worker.stop()

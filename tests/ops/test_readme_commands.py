@@ -83,5 +83,5 @@ def test_the_upgrading_docs_look_at_what_runs_block_works_as_printed(demo_fleet:
     assert outputs["lousho --version"].strip() == f"lousho {lousho.__version__}"
     assert f"{lousho.__version__}; messages 1" in outputs["lousho workers"]
     listed = json.loads(outputs["lousho workers --json"])
-    assert [(w["version"], w["agents"]) for w in listed] == [(lousho.__version__, ["booker"])]
+    assert [(w["version"], w["agents"]) for w in listed] == [(lousho.__version__, ["booker", "writer"])]
     assert listed[0]["formats"] == written_formats()

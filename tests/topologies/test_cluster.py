@@ -38,6 +38,7 @@ from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
 from tests.chaos import test_zombie_workers as zombies
 from tests.chaos.harness import ChaosFleet, Row, record
 from tests.fleet import test_death_detection as death
+from tests.fleet import test_live_events as live
 from tests.fleet.conftest import ROOT, Fleet, tool_turn
 from tests.fleet.test_fleet_approvals_and_abort import (
     test_abort_cancels_the_running_call_and_new_input_continues_the_run as abort_cancels_and_new_input_continues,
@@ -261,6 +262,15 @@ def test_a_sub_agent_survives_a_sigkill_on_a_cluster_and_leaves_no_global_key(
     fleet_on_cluster: Fleet, tmp_path: Path
 ) -> None:
     sub_agent_survives(fleet_on_cluster, tmp_path)
+    assert_no_global_key(fleet_on_cluster)
+
+
+@pytest.mark.timeout(150)
+def test_live_events_stream_and_survive_a_sigkill_mid_stream_on_a_cluster(fleet_on_cluster: Fleet) -> None:
+    """The session's event stream lives in its slot (issue #34): deltas before the save, attempt 2 after a kill."""
+    live.test_deltas_reach_the_reader_before_the_turn_is_saved_in_order_and_join_to_the_saved_text(fleet_on_cluster)
+    live.test_a_worker_killed_mid_stream_shows_attempt_2_whose_text_is_the_saved_text(fleet_on_cluster)
+    live.test_a_reader_resuming_from_an_event_id_misses_none_and_sees_none_twice(fleet_on_cluster)
     assert_no_global_key(fleet_on_cluster)
 
 
