@@ -27,6 +27,7 @@ import redis
 from lousho import Message
 from lousho.errors import StoreUnavailableError
 from lousho.fleet.inflight import InflightIndex
+from lousho.fleet.layout import LAYOUT_KEY
 from lousho.scheduler import Client, reap_once
 from lousho.scheduler.reaper import run_reaper
 from lousho.stores.redis import RedisStore
@@ -137,6 +138,8 @@ def global_keys(fleet: Fleet) -> list[str]:
         if tag is not None and tag not in SHARD_TAGS:  # a session's own key: `{<session>}:<part>`
             continue
         if tag is None and rest.startswith("approval:"):  # its pending-index shard is in its slot
+            continue
+        if tag is None and rest == LAYOUT_KEY:  # the stored layout: read and written as a worker starts, on no step
             continue
         index = rest.partition(":")[2]
         if tag in SHARD_TAGS and index in INDEXES and shard_holds_only_its_slot(client, key, index, sessions):
