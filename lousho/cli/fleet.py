@@ -1,8 +1,6 @@
-"""`lousho demo`, `worker`, `reaper`, `dashboard`: running the fleet's processes (and the dashboard's server);
+"""`lousho demo`, `worker`, `reaper`, `workers`: running and listing the fleet's processes;
 `lousho workers`: the live workers, with the lousho and the protocols each speaks (issue #35).
-
-`lousho dashboard` is the one place the CLI reaches the dashboard: it starts its server
-(`lousho.dashboard.serve`) and nothing else; the import contract in pyproject.toml allows that one import."""
+(`lousho dashboard`, which starts the dashboard's server, is in lousho/console.py: issue #32.)"""
 
 from __future__ import annotations
 
@@ -144,20 +142,6 @@ def register(app: typer.Typer) -> None:
             run_reaper(client.store, client.app, client.settings)
         except KeyboardInterrupt:
             typer.echo("lousho reaper: stopped", err=True)
-
-    @app.command()
-    def dashboard(
-        ctx: typer.Context,
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; default 127.0.0.1."),
-        port: int = typer.Option(8300, "--port", min=0, max=65535, help="Port to listen on; default 8300."),
-        read_only: bool = typer.Option(
-            False, "--read-only", help="Show only: every POST (approve, fork, run) is refused."
-        ),
-    ) -> None:
-        """Serve the sessions dashboard (needs the dashboard extra of lousho): sessions, approvals, history, fleet."""
-        from lousho.dashboard.serve import serve_dashboard
-
-        serve_dashboard(settings_of(ctx), host=host, port=port, read_only=read_only)  # issue #19
 
     @app.command()
     def workers(

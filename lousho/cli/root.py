@@ -202,7 +202,7 @@ def main_callback(
     ctx.obj = LoushoSettings().with_overrides(redis_url=redis_url, store_url=store_url, prefix=prefix, **fleet)
 
 
-fleet.register(app)  # demo, worker, reaper, dashboard, workers (issue #35)
+fleet.register(app)  # demo, worker, reaper, workers (issue #35); `dashboard`: lousho/console.py
 jobs.register(app)  # enqueue, resume, abort
 approvals.register(app)  # approvals, approve
 sessions.register(app)  # sessions, show, history, fork, compare, delete, prune
