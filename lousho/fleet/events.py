@@ -41,6 +41,8 @@ from lousho.events import (
     ProviderRetryEvent,
     TextEvent,
 )
+from lousho.stores.codec import PLAIN, PayloadCodec
+from lousho.stores.codec_parts import Place
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
@@ -72,6 +74,11 @@ EventKind = Literal[
 ]
 ENDING_KINDS: frozenset[str] = frozenset({"finished", "approval-requested", "parked", "aborted"})
 """Kinds after which the run waits for someone (or is done): a reader stops there once nothing follows."""
+
+
+def event_place(session_id: str) -> Place:
+    """Where a sealed event belongs: the session's event stream (issue #31's binding: it opens in no other)."""
+    return Place(session_id, "event")
 
 
 def events_key(store: RedisStore, session_id: str) -> str:
@@ -125,9 +132,12 @@ class SessionEvent(BaseModel):
     """When the worker wrote it (its clock, ms since the epoch)."""
 
     @classmethod
-    def from_entry(cls, session_id: str, entry_id: Any, fields: dict[Any, Any]) -> SessionEvent:
+    def from_entry(
+        cls, session_id: str, entry_id: Any, fields: dict[Any, Any], codec: PayloadCodec = PLAIN
+    ) -> SessionEvent:
+        """An entry of the session's stream, opened with the store's payload codec (sealed as it was written)."""
         raw = fields[b"e"] if b"e" in fields else fields["e"]
-        body = json.loads(raw)
+        body = json.loads(codec.decode_text(raw, event_place(session_id)))
         stream_id = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
         return cls.model_validate({**body, "id": stream_id, "session_id": session_id})
 
@@ -228,7 +238,10 @@ class EventWriter:
 
     def _write(self, pending: list[dict[str, Any]]) -> None:
         client = self.store.client
-        bodies = [json.dumps(event, separators=(",", ":"), default=str) for event in pending]
+        # Sealed like the checkpoint when the store has a payload codec: a text delta or a tool result is as secret
+        # as the transcript it becomes (issue #34; tests/fleet/test_fleet_codec.py reads Redis for plaintext).
+        codec, place = self.store.codec, event_place(self.session_id)
+        bodies = [codec.encode_text(json.dumps(event, separators=(",", ":"), default=str), place) for event in pending]
         try:
             with redis_errors(client, f"write the events of session {self.session_id!r}"):
                 if len(bodies) == 1 and self.store.ttl_s is None:  # one command: no pipeline to build

@@ -71,7 +71,7 @@ class EventFeed:
             block_ms = max(1, round(self.block_s * 1000)) if block else None
             reply = cast(list[Any], client.xread({self.key: self.last_id}, count=BATCH, block=block_ms))
         events = [
-            SessionEvent.from_entry(self.session_id, entry_id, fields)
+            SessionEvent.from_entry(self.session_id, entry_id, fields, self.store.codec)
             for _key, entries in reply or []
             for entry_id, fields in entries
         ]

@@ -94,6 +94,9 @@ async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
     except SessionSupersededError:
         steps.events.enabled = False  # deleted or made anew meanwhile: nothing of this run is written back
         raise
+    except NewerFormatError:
+        steps.events.enabled = False  # handed back untouched for a later lousho (issue #35): not a failure
+        raise
     except BaseException as exc:
         steps.events.add("failed", data={"error": f"{type(exc).__name__}: {exc}"[:2000]})
         raise

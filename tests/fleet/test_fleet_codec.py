@@ -46,3 +46,7 @@ def test_a_session_runs_on_workers_with_the_codec_on_and_redis_holds_no_plaintex
     # The test's own probes (`<prefix>test:*`: the scripted model's answers) are the harness's, not lousho's.
     assert holding(codec_fleet.redis, secret, skip_prefix=f"{codec_fleet.prefix}test:") == []
     assert holding(codec_fleet.redis, secret) != []  # the grep does see a plaintext where there is one
+    # The live events (issue #34) are sealed as the transcript is, and a reader with the key opens them.
+    events = list(codec_fleet.client.events(session))
+    finished = [e.data.get("result") for e in events if e.kind == "tool-call-finished"]
+    assert any(secret in str(result) for result in finished) and events[-1].kind == "finished", events
