@@ -38,7 +38,7 @@ def round_trips(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> list[byte
     return sent
 
 
-def test_enqueue_of_a_new_session_takes_four_round_trips_and_of_an_existing_one_four(
+def test_enqueue_takes_four_round_trips_to_the_store_for_a_new_session_or_an_existing_one(
     make_redis_store: Callable[..., RedisStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new job: the stored checkpoint's read, the registry (server time and entries, one pipeline), the new
