@@ -106,13 +106,18 @@ def append_pending_input(checkpoint: Checkpoint) -> Checkpoint:
     )
 
 
-def record_tool_result(checkpoint: Checkpoint, call: ToolCall, result: Any) -> Checkpoint:
-    """Append `call`'s result; results are recorded strictly in call order."""
+def record_tool_result(
+    checkpoint: Checkpoint, call: ToolCall, result: Any, *, message: Message | None = None
+) -> Checkpoint:
+    """Append `call`'s result; results are recorded strictly in call order. `message`: the result's
+    `Message.tool_result`, when the caller made it already (its JSON is what it commits: issue #30, one
+    encode of a result)."""
     pending = checkpoint.pending_tool_calls()
     if not pending or pending[0].id != call.id:
         expected = pending[0].id if pending else None
         raise ValueError(f"result for {call.id!r} recorded out of order (next pending call is {expected!r})")
-    update: dict[str, Any] = {"messages": [*checkpoint.messages, Message.tool_result(call, result)]}
+    recorded = message if message is not None else Message.tool_result(call, result)
+    update: dict[str, Any] = {"messages": [*checkpoint.messages, recorded]}
     if call.id in checkpoint.started_calls:  # its start mark goes with its result (issue #17)
         update["started_calls"] = [c for c in checkpoint.started_calls if c != call.id]
     return checkpoint.model_copy(update=update)

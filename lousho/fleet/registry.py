@@ -28,7 +28,7 @@ from typing import Any, cast
 from lousho.errors import SDKError
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
-from lousho.stores.redis_slots import on_shards
+from lousho.stores.redis_slots import is_cluster, on_shards
 
 __all__ = ["LiveWorker", "ServedAgents", "WorkerRegistry", "agent_of", "app_queue"]
 
@@ -151,30 +151,47 @@ class WorkerRegistry:
         """Every entry, live or expired (an unreadable one is left out)."""
         with redis_errors(self.store.client, "read the fleet's workers"):
             shards = on_shards(self.store.client, self.shards, lambda pipe, shard: pipe.hgetall(shard))
-        raw = {
-            field: value
-            for shard in cast(list[dict[bytes | str, bytes | str]], shards)
-            for field, value in shard.items()
-        }
-        entries = {}
-        for field, value in raw.items():
-            try:
-                entry = json.loads(value)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                entries[text(field)] = entry
-        return entries
+        return _entries(shards)
+
+    def _time_and_entries(self) -> tuple[int, dict[str, dict[str, Any]]]:
+        """`server_time_ms()` and `entries()`; on one Redis in one round trip (issue #30: `Client.enqueue` asks
+        for both), on a Cluster as two (the shards are spread over its nodes)."""
+        client = self.store.client
+        if is_cluster(client):
+            return self.server_time_ms(), self.entries()
+        with redis_errors(client, "read the fleet's workers and the Redis server's time"):
+            pipe = client.pipeline(transaction=False)
+            pipe.time()
+            for shard in self.shards:
+                pipe.hgetall(shard)
+            (seconds, micros), *shards = pipe.execute()
+        return int(seconds) * 1000 + int(micros) // 1000, _entries(shards)
 
     def live(self) -> ServedAgents:
         """The workers whose presence has not expired (by Redis server time)."""
-        now_ms = self.server_time_ms()
+        now_ms, entries = self._time_and_entries()
         workers = []
-        for worker_id, entry in sorted(self.entries().items()):
+        for worker_id, entry in sorted(entries.items()):
             expires, queues, agents = entry.get("expires_ms"), entry.get("queues"), entry.get("agents")
             if isinstance(expires, int) and expires > now_ms and isinstance(queues, list) and isinstance(agents, list):
                 workers.append(_live_worker(worker_id, entry, queues, agents))
         return ServedAgents(tuple(workers))
+
+
+def _entries(shards: list[Any]) -> dict[str, dict[str, Any]]:
+    """The registry's entries in the HGETALL replies of its shards (an unreadable one left out)."""
+    raw = {
+        field: value for shard in cast(list[dict[bytes | str, bytes | str]], shards) for field, value in shard.items()
+    }
+    entries = {}
+    for field, value in raw.items():
+        try:
+            entry = json.loads(value)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            entries[text(field)] = entry
+    return entries
 
 
 def _live_worker(worker_id: str, entry: dict[str, Any], queues: list[Any], agents: list[Any]) -> LiveWorker:

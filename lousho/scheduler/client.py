@@ -128,7 +128,7 @@ class Client:
             self.keys.new_incarnation(session_id)
         self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
         try:
-            self._wake(session_id, checkpoint, queue)
+            self._wake(session_id, checkpoint, queue, new=stored is None)
         except SDKError:
             raise
         except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
@@ -195,12 +195,16 @@ class Client:
                 raise error from None
             log.warning("%s", error)
 
-    def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None) -> None:
+    def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None, *, new: bool = False) -> None:
+        """Open the session's live-event stream (issue #34), clear its abort and parked marks (`new`: a new
+        incarnation cleared them already, in the same transaction as its epoch: nothing to do), then send its step."""
         open_session_stream(self.store, session_id)  # where its workers write its live events (issue #34)
-        client = self.store.client
-        with redis_errors(client, f"clear the abort and parked marks of {session_id!r}"):
-            client.delete(self.keys.abort(session_id))
-            client.hdel(self.keys.parked_of(session_id), session_id)
+        if not new:  # one round trip for both (issue #30)
+            with redis_errors(self.store.client, f"clear the abort and parked marks of {session_id!r}"):
+                pipe = self.store.client.pipeline(transaction=False)
+                pipe.delete(self.keys.abort(session_id))
+                pipe.hdel(self.keys.parked_of(session_id), session_id)
+                pipe.execute()
         if queue is None:  # ahead of the workers, with no queue named: the reaper sends it (issue #15)
             return
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):

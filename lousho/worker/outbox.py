@@ -17,12 +17,14 @@ kombu's Redis transport without a `global_keyprefix`, and `FleetSettings.outbox`
 otherwise `Outbox.direct` is False and the worker sends each task with `dispatch.send` right after
 the step's script.
 
-What it pushes is read back first, as a worker's channel reads an entry (`transport.decode_entry`),
-and must be the task it means (its name, id and arguments): the pushed message is assembled here
-from kombu's internals, which a kombu upgrade may change, and a `before_task_publish` receiver may
-alter. A message that fails is never pushed: that task goes through Celery's own publish instead,
-with a warning (issue #21). Celery's publish is the reference the outbox copies, so trusting it keeps
-the fleet running where raising would fail a step that has a sound way out.
+Each message must be the task it means (its name, id, protocol header and arguments): a
+`before_task_publish` receiver may alter it, so that is checked for every message, on the headers and
+body as built (no decoding). The format is checked once per process, per task name and set of
+receivers (issue #30: not once per message): the first such message is read back as a worker's channel
+reads an entry (`transport.decode_entry`), since it is assembled here from kombu's internals, which a
+kombu upgrade may change. A message that fails either check is never pushed: that task goes through
+Celery's own publish instead, with a warning (issue #21). Celery's publish is the reference the outbox
+copies, so trusting it keeps the fleet running where raising would fail a step that has a sound way out.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class Outbox:
         self._channel: Any = None
         self._pid = 0
         self._direct: bool | None = None
+        self._formats_read_back: set[tuple[str, tuple[Any, ...]]] = set()
+        """(task name, `before_task_publish` receivers) whose message read back right in this process."""
 
     @property
     def direct(self) -> bool:
@@ -102,18 +106,30 @@ class Outbox:
                 sender=task.name, body=body, exchange="", routing_key=queue, headers=headers,
                 properties=properties, declare=[], retry_policy={},
             )  # fmt: skip
-        content_type, content_encoding, data = _serialize(body, serializer=app.conf.task_serializer)
-        channel = self._channel
-        message = channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
-        channel._inplace_augment_message(message, "", queue)  # noqa: SLF001 -- what basic_publish does to it
-        encoded = _kombu_dumps(message)
-        problem = self._misread(encoded, task)
+        problem = _not_the_task(headers, body, task)
+        if not problem:
+            content_type, content_encoding, data = _serialize(body, serializer=app.conf.task_serializer)
+            channel = self._channel
+            message = channel.prepare_message(data, 0, content_type, content_encoding, headers, properties)
+            channel._inplace_augment_message(message, "", queue)  # noqa: SLF001 -- what basic_publish does to it
+            encoded = _kombu_dumps(message)
+            problem = self._format_problem(encoded, task)
         if problem:
             log.warning(
                 "lousho: the outbox's message for %s reads back wrong (%s): sent through Celery", task.task_id, problem
             )
             return ""
         return encoded
+
+    def _format_problem(self, encoded: str, task: StepTask) -> str:
+        """`_misread`, once per process for each task name and set of `before_task_publish` receivers."""
+        receivers = tuple(key for key, _ in signals.before_task_publish.receivers)
+        if (task.name, receivers) in self._formats_read_back:
+            return ""
+        problem = self._misread(encoded, task)
+        if not problem:
+            self._formats_read_back.add((task.name, receivers))
+        return problem
 
     def _misread(self, encoded: str, task: StepTask) -> str:
         """How the message reads back, as a worker reads it, as other than `task`; '' if it reads as `task`."""
@@ -140,6 +156,7 @@ class Outbox:
     def _check(self) -> bool:
         """Open this process's broker channel and see whether the scripts can push to its queue."""
         self._pid = os.getpid()
+        self._formats_read_back = set()
         conf = self.app.conf
         if not self.settings.outbox or conf.task_protocol != 2 or conf.task_compression:
             return False
@@ -160,6 +177,19 @@ class Outbox:
         except Exception as exc:  # any doubt: send through Celery, as before
             log.warning("lousho: steps are sent through Celery (the outbox is off: %s)", exc)
             return False
+
+
+def _not_the_task(headers: dict[str, Any], body: Any, task: StepTask) -> str:
+    """How the message as built (after the `before_task_publish` receivers) is other than `task`; '' if it
+    is `task`: what `Outbox._misread` checks on the decoded message, checked here on every one."""
+    if (headers.get("task"), headers.get("id")) != (task.name, task.task_id):
+        return f"its headers name task {headers.get('task')!r} id {headers.get('id')!r}"
+    if headers.get(PROTOCOL_HEADER) != message_headers()[PROTOCOL_HEADER]:
+        return f"its protocol header is {headers.get(PROTOCOL_HEADER)!r}"
+    args = body[0] if isinstance(body, (list, tuple)) and len(body) == 3 else None
+    if not (isinstance(args, (list, tuple)) and list(args) == task.args and body[1] == {}):
+        return f"its body is {body!r:.200}"
+    return ""
 
 
 def _server_id(client: Any) -> str:

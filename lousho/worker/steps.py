@@ -44,7 +44,7 @@ from lousho.fleet.dispatch import send_advance, tool_turn, turn_number
 from lousho.fleet.events import EventWriter
 from lousho.fleet.keys import result_field
 from lousho.inputs import materialize_accepted
-from lousho.messages import ToolCall
+from lousho.messages import Message, ToolCall
 from lousho.run import Run
 from lousho.stores.redis_checkpoints import SaveSkipped
 from lousho.stores.redis_common import redis_errors
@@ -303,7 +303,7 @@ class SessionSteps:
         return window
 
     async def fold_last_result(
-        self, checkpoint: Checkpoint, call: ToolCall, running: RunningCall, result_json: str, call_lease: Lease
+        self, checkpoint: Checkpoint, call: ToolCall, running: RunningCall, result: Message, call_lease: Lease
     ) -> str | None:
         """`call` is the only call its turn waits for, and it has run: commit its result, take the
         session's lease, save the fold and end the step, in one round trip (commit_fold.lua). None
@@ -311,12 +311,12 @@ class SessionSteps:
         fold (`fold_when_free`) follows."""
         lease = self.session_lease()
         run = await self.make_run(checkpoint, lease)
-        folded = record_tool_result(checkpoint, call, json.loads(result_json))
+        folded = record_tool_result(checkpoint, call, None, message=result)  # `result`: its JSON is what commits
         self.step_end.complete_turn(turn_number(folded))
         ending = self.step_end.prepare()
         assert self.step_end.fenced is not None
         self.step_end.fenced.and_then = self.scripts.commit_fold(
-            self.session_id, running.field, result_json, call_lease, lease, ending, running.entry
+            self.session_id, running.field, result.content or "null", call_lease, lease, ending, running.entry
         )
         try:
             await run.save(folded)

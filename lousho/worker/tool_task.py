@@ -10,7 +10,6 @@ the checkpoint read) and the fold's save, which ends the step.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from lousho.abort import RunAborted
@@ -19,7 +18,7 @@ from lousho.engine import CANCELLED_RESULT, PlannedCall, abortable, plan_tool_ca
 from lousho.errors import PropagatingToolError
 from lousho.fleet.dispatch import send_advance, tool_turn
 from lousho.fleet.keys import result_field
-from lousho.messages import ToolCall
+from lousho.messages import Message, ToolCall
 from lousho.run import Run
 from lousho.telemetry.counters import FleetCounters
 from lousho.tools import interrupted_result, tool_error
@@ -85,9 +84,10 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
             call_lease.release()
             steps.scripts.leave_running(running.entry)
         return "aborted"
-    result_json = json.dumps(result, default=str)
+    message = Message.tool_result(call, result)  # the result's one JSON encode: committed and recorded (issue #30)
+    result_json = message.content or "null"
     if checkpoint.status == "in-progress" and [c.id for c in pending] == [call.id] and not steps.aborted():
-        folded = await steps.fold_last_result(checkpoint, call, running, result_json, call_lease)
+        folded = await steps.fold_last_result(checkpoint, call, running, message, call_lease)
         return folded or await fold_when_free(steps)
     return await fold_when_free(steps, (running, result_json, call_lease))
 

@@ -20,7 +20,9 @@ from lousho.formats import MESSAGE_PROTOCOL
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
+from lousho.worker import outbox as outbox_module
 from lousho.worker.outbox import Outbox
+from lousho.worker.transport import decode_entry
 from tests.fleet.conftest import Fleet, tool_turn
 
 pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
@@ -169,3 +171,33 @@ def test_a_broker_on_another_redis_database_gets_every_step_through_celery(fleet
 
     assert fleet.counts("runs") == {"elsewhere-a": 1, "elsewhere-b": 1}
     assert fleet.counts("sends") == {"lousho.tool_call": 2, "lousho.model_turn": 2}
+
+
+def test_the_outbox_reads_a_message_back_once_per_task_and_set_of_receivers(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The format check (the message read back as a worker reads it) runs once per process for each task name
+    and set of `before_task_publish` receivers, not once per message (issue #30); each message is still the task
+    it means, and a receiver connected later is read back again."""
+    settings = FleetSettings(queue=queue)
+    app = celery_app(broker_url(redis_url), settings)
+    outbox = Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings)
+    assert outbox.direct
+    read_back: list[str] = []
+    monkeypatch.setattr(outbox_module, "decode_entry", lambda entry: read_back.append(entry) or decode_entry(entry))
+
+    turns = [outbox.encode(model_turn_task("s1", turn)) for turn in (1, 2, 3)]
+    calls = [outbox.encode(tool_call_task("s1", f"call_{n}", "work", 3)) for n in range(2)]
+    assert len(read_back) == 2  # one model turn's message, one tool call's
+    assert [json.loads(m)["headers"]["id"] for m in turns] == ["s1/turn/1", "s1/turn/2", "s1/turn/3"]
+    assert all(calls)
+
+    def traced(headers: dict[str, Any], **_: Any) -> None:
+        headers["traceparent"] = "00-trace"
+
+    signals.before_task_publish.connect(traced, weak=False)
+    try:
+        traced_turn = outbox.encode(model_turn_task("s1", 4))
+    finally:
+        signals.before_task_publish.disconnect(traced)
+    assert len(read_back) == 3 and json.loads(traced_turn)["headers"]["traceparent"] == "00-trace"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 import pytest
@@ -227,6 +228,29 @@ def test_damaged_records_raise_refuse_saves_and_are_left_as_they_are(
     with pytest.raises(CorruptCheckpointError):
         redis_store.checkpoints.save("s", grow(saved[-1], Message.user("over it")))
     assert {k: redis_client.dump(k) for k in session_keys(redis_client, redis_store, "s")} == before
+
+
+@pytest.mark.parametrize("ring", [True, False])
+def test_a_save_whose_history_ring_or_inflight_index_is_of_the_wrong_type_writes_nothing(
+    make_redis_store: MakeStore, redis_client: redis.Redis, ring: bool
+) -> None:
+    """The history ring and the in-flight index are type-checked by the save's first writes (issue #30: no TYPE
+    asked of a key of the right type); one of the wrong type refuses the save, and nothing is written: the ring's
+    entry, pushed before the index was found wrong, is taken back."""
+    store = make_redis_store(history_limit=10).with_inflight_deadline(60_000)
+    saved = run_steps(store, "s", 2)
+    damaged = store.keys.history("s") if ring else store.keys.inflight_of("s")
+    redis_client.delete(damaged)
+    redis_client.sadd(damaged, "x")
+    watched = [*session_keys(redis_client, store, "s"), store.keys.inflight_of("s").encode()]
+    before = {k: redis_client.dump(k) for k in watched}
+
+    with pytest.raises(
+        CorruptCheckpointError, match=f"{re.escape(damaged)} holds a set, not a {'list' if ring else 'zset'}"
+    ):
+        store.checkpoints.save("s", grow(saved[-1], Message.user("over it")))
+
+    assert {k: redis_client.dump(k) for k in watched} == before
 
 
 def test_a_damaged_message_fails_loads_and_stays_as_it_is(redis_store: RedisStore, redis_client: redis.Redis) -> None:

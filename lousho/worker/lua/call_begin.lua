@@ -29,9 +29,14 @@ local epoch = session_epoch(epoch_key)
 -- entry would outlive the session's `delete()` (issue #16).
 if checkpoint[1] == 'none' then return {0, aborted, checkpoint, epoch, 0} end
 if redis.call('HEXISTS', results, field) == 1 then return {-1, aborted, checkpoint, epoch, 0} end
-if stale_lease(call_lease, epoch) then redis.call('DEL', call_lease) end
-if not redis.call('SET', call_lease, token .. '@' .. epoch, 'NX', 'PX', ttl_ms) then
-  return {0, aborted, checkpoint, epoch, 0}
+-- The lease is tried first; only a held one is read, to take over an earlier incarnation's (issue #30).
+local function take_call_lease()
+  return redis.call('SET', call_lease, token .. '@' .. epoch, 'NX', 'PX', ttl_ms)
+end
+if not take_call_lease() then
+  if not stale_lease(call_lease, epoch) then return {0, aborted, checkpoint, epoch, 0} end
+  redis.call('DEL', call_lease)
+  take_call_lease()
 end
 
 local time = redis.call('TIME')
@@ -41,6 +46,8 @@ local counted = 'call:' .. field
 local started = redis.call('HINCRBY', attempts, counted, 1)
 local previous = redis.call('HGET', attempts, 'by:' .. field)
 local last = previous and redis.call('ZSCORE', running, previous)
+-- No earlier run named (a first start): no start of it was shared either (issue #30: not read then).
+local shared = previous and tonumber(redis.call('HGET', attempts, 'shared:' .. field) or '0') or 0
 if started > 1 and last then
   local host, session = string.match(previous, '^([^|]*)|[^|]*|([^|]*)|')
   last = tonumber(last)
@@ -49,7 +56,7 @@ if started > 1 and last then
     local other_host, other_session = string.match(near[i], '^([^|]*)|[^|]*|([^|]*)|')
     if other_host == host and other_session ~= session and tonumber(near[i + 1]) < now - ttl_ms then
       started = redis.call('HINCRBY', attempts, counted, -1)
-      redis.call('HINCRBY', attempts, 'shared:' .. field, 1)
+      shared = redis.call('HINCRBY', attempts, 'shared:' .. field, 1)
       break
     end
   end
@@ -58,4 +65,4 @@ redis.call('HSET', attempts, 'by:' .. field, entry)
 local session_ttl = redis.call('PTTL', head)
 if session_ttl > 0 then redis.call('PEXPIRE', attempts, session_ttl) end -- expires with the session (issue #16)
 redis.call('ZADD', running, now, entry)
-return {started, aborted, checkpoint, epoch, tonumber(redis.call('HGET', attempts, 'shared:' .. field) or '0')}
+return {started, aborted, checkpoint, epoch, shared}

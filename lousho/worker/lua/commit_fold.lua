@@ -27,17 +27,20 @@ if not same_epoch(k.epoch, epoch) then
   if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
   return {{'skipped', 'the session is another incarnation now'}}
 end
-redis.call('HSETNX', k.results, field, result)
+local committed = redis.call('HSETNX', k.results, field, result) == 1
 if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
-if redis.call('HGET', k.results, field) ~= result then return {{'skipped', 'another result was committed first'}} end
+if not committed and redis.call('HGET', k.results, field) ~= result then
+  return {{'skipped', 'another result was committed first'}}
+end
 if not redis.call('SET', k.lease, token, 'NX', 'PX', ttl_ms) then return {{'skipped', 'the lease is busy'}} end
 if redis.call('HEXISTS', parked, session) == 1 or redis.call('EXISTS', abort) == 1 then
   redis.call('DEL', k.lease)
   return {{'skipped', 'the session is parked or aborted'}}
 end
-local saved = save_checkpoint()
+-- This script checked the epoch and took the lease a moment ago: neither is read again (issue #30).
+local saved = save_checkpoint(true)
 if saved[1] ~= 'ok' and saved[1] ~= 'done' then
   redis.call('DEL', k.lease)
   return {saved}
 end
-return {saved, end_step(k, token, epoch, '1', {}, '0', next_message)}
+return {saved, end_step(k, token, epoch, '1', {}, '0', next_message, {current = true, held = true})}

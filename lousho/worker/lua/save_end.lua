@@ -20,4 +20,5 @@ for i = own + 4, #ARGV, 2 do
 end
 local saved = save_checkpoint()
 if saved[1] ~= 'ok' and saved[1] ~= 'done' then return {saved} end
-return {saved, end_step(k, token, epoch, clear, calls, redispatch, next_message)}
+-- A save that passed its fence leaves the lease the token's: end_step does not read it again (issue #30).
+return {saved, end_step(k, token, epoch, clear, calls, redispatch, next_message, {held = token ~= ''})}

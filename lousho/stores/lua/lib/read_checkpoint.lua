@@ -6,7 +6,7 @@
 -- cp: the head key; msgs: the messages list; known: the writer id of the save whose transcript the
 -- caller holds already ('' = none).
 --
--- needs: segments
+-- needs: segments, typed_call
 -- Replies: {'none'} | {'corrupt', problem} | {'known', head}: the caller's transcript is this
 -- head's, so no message is sent (a worker that made the last save reads back a few hundred
 -- bytes, not the transcript) | {'head', head, message...}: the head and the messages its
@@ -19,19 +19,16 @@
 -- only then). A head without `h` (an older lousho's) sends its messages, read as they are. The
 -- check costs a SHA-1 of the transcript on the server, never a round trip nor bytes on the wire.
 local function read_checkpoint(cp, msgs, known)
-  local kind = redis.call('TYPE', cp)['ok']
-  if kind == 'none' then return {'none'} end
-  if kind ~= 'string' then return {'corrupt', cp .. ' holds a ' .. kind .. ', not a string'} end
-  local head = redis.call('GET', cp)
+  local head, wrong = typed_read('GET', cp, 'string') -- the type check is the read (issue #30)
+  if wrong then return {'corrupt', wrong} end
+  if not head then return {'none'} end
   local header = string.match(head, '^{"%$store":(%b{})')
   if not header then return {'head', head} end
   local ok, meta = pcall(cjson.decode, header)
   if not ok or type(meta) ~= 'table' or type(meta.s) ~= 'table' then return {'head', head} end
-  local list_kind = redis.call('TYPE', msgs)['ok']
-  if list_kind ~= 'none' and list_kind ~= 'list' then
-    return {'corrupt', msgs .. ' holds a ' .. list_kind .. ', not a list'}
-  end
-  local problem = segments_problem(meta.s, redis.call('LLEN', msgs))
+  local length, wrong_list = typed_read('LLEN', msgs, 'list')
+  if wrong_list then return {'corrupt', wrong_list} end
+  local problem = segments_problem(meta.s, length)
   if problem then return {'corrupt', problem} end
   local reply = {'head', head}
   for _, seg in ipairs(meta.s) do

@@ -3,7 +3,7 @@
 -- save.lua calls it, and so does the worker's save_end.lua, which passes more KEYS and ARGV after
 -- these (its own part runs only when the save did).
 --
--- needs: segments, session_ttl
+-- needs: segments, session_ttl, typed_call
 --
 -- KEYS: 1 head, 2 messages list, 3 history ring, 4 in-flight index, [5 the session's lease when fenced]
 -- ARGV: 1 new version, 2 writer id of the head the writer built on ('' = unknown: full write),
@@ -16,6 +16,9 @@
 -- The head it writes: {"$store":{"f":1,"v":version,"w":writer id,"t":ms,"s":segments,"h":digest},...},
 -- `h` the chained digest of the transcript's messages as sent (segments.lua: chain_digest).
 --
+-- lease_taken: true when the calling script took the session's lease with this save's token itself,
+-- a moment before (commit_fold.lua): the fence is not read again (issue #30).
+--
 -- Redis never rolls a script back: every check runs before the first write, so a
 -- script that refuses (stale version, damaged head, a key of the wrong type) has
 -- changed nothing.
@@ -24,7 +27,7 @@
 --          | {'conflict', stored version or -1} | {'fenced'} (the lease is not the writer's)
 --          | {'resync'} (send the whole transcript: the stored head is not the writer's, or the
 --            new transcript drops some of it, or it has no digest) | {'corrupt', problem}
-local function save_checkpoint()
+local function save_checkpoint(lease_taken)
   if redis.replicate_commands then redis.replicate_commands() end
   local cp, msgs, hist, inflight = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
   local new_version = tonumber(ARGV[1])
@@ -41,12 +44,6 @@ local function save_checkpoint()
   if entry_body == '' then entry_body = body end
   local FIRST = 13
   local LAST = 12 + tonumber(ARGV[11])
-
-  local function wrong_type(key, want)
-    local kind = redis.call('TYPE', key)['ok']
-    if kind ~= 'none' and kind ~= want then return key .. ' holds a ' .. kind .. ', not a ' .. want end
-    return nil
-  end
 
   -- The head's store header, or a plain checkpoint JSON (messages inline) read as version + no segments.
   local function stored_meta(head)
@@ -104,11 +101,13 @@ local function save_checkpoint()
   end
 
   -- Checks: nothing is written above this line.
-  if fence_token ~= '' and redis.call('GET', KEYS[5]) ~= fence_token then return {'fenced'} end
-  local bad = wrong_type(cp, 'string') or wrong_type(msgs, 'list') or wrong_type(hist, 'list')
-    or wrong_type(inflight, 'zset')
+  if fence_token ~= '' and not lease_taken and redis.call('GET', KEYS[5]) ~= fence_token then return {'fenced'} end
+  -- The head and the list are type-checked by their reads, the history ring and the in-flight index by
+  -- their writes, made first (below): no TYPE is asked of a key of the right type (typed_call.lua, issue #30).
+  local head, bad = typed_read('GET', cp, 'string')
+  local list_length
+  if not bad then list_length, bad = typed_read('LLEN', msgs, 'list') end
   if bad then return {'corrupt', bad} end
-  local head = redis.call('GET', cp)
   local stored = {f = 1, v = 0, s = {}}
   if head then
     local meta, problem = stored_meta(head)
@@ -119,7 +118,6 @@ local function save_checkpoint()
     stored = meta
   end
   if stored.v == new_version and stored.w == wid then return {'done'} end
-  local list_length = redis.call('LLEN', msgs)
   local problem = segments_problem(stored.s, list_length)
   if problem then return {'corrupt', problem} end
   if stored.v ~= new_version - 1 then
@@ -163,13 +161,12 @@ local function save_checkpoint()
     digest = chain_digest(stored.h, ARGV, FIRST, LAST)
   end
 
-  -- Writes.
+  -- Writes. The history ring's entry and the in-flight index go first: each write is its key's type
+  -- check (typed_call), and one that finds a wrong type refuses the save with nothing else written (the
+  -- ring's entry, if pushed, taken back: the script is atomic, so nothing saw it).
   local count = LAST - first_new + 1
+  local base = list_length
   if count > 0 then
-    local base = list_length
-    for i = first_new, LAST, 1000 do
-      redis.call('RPUSH', msgs, unpack(ARGV, i, math.min(i + 999, LAST)))
-    end
     local last = segs[#segs]
     if last and last[1] + last[2] == base then last[2] = last[2] + count else segs[#segs + 1] = {base, count} end
   end
@@ -177,16 +174,25 @@ local function save_checkpoint()
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local header = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s,"h":"%s"},', new_version, wid,
     now_ms, encode_segments(segs), digest)
-  redis.call('SET', cp, header .. string.sub(body, 2))
   if history_limit > 0 then
-    redis.call('LPUSH', hist, header .. string.sub(entry_body, 2))
-    redis.call('LTRIM', hist, 0, history_limit - 1)
+    local pushed, wrong = typed_call('list', 'LPUSH', hist, header .. string.sub(entry_body, 2))
+    if not pushed then return {'corrupt', wrong} end
   end
+  local indexed, wrong_index = true, nil -- `indexed`: the write's reply, not needed
   if deadline_ms > 0 then
-    redis.call('ZADD', inflight, now_ms + deadline_ms, session)
+    indexed, wrong_index = typed_call('zset', 'ZADD', inflight, now_ms + deadline_ms, session)
   elseif deadline_ms == 0 then
-    redis.call('ZREM', inflight, session)
+    indexed, wrong_index = typed_call('zset', 'ZREM', inflight, session)
   end
+  if wrong_index then
+    if history_limit > 0 then redis.call('LPOP', hist) end
+    return {'corrupt', wrong_index}
+  end
+  for i = first_new, LAST, 1000 do
+    redis.call('RPUSH', msgs, unpack(ARGV, i, math.min(i + 999, LAST)))
+  end
+  redis.call('SET', cp, header .. string.sub(body, 2))
+  if history_limit > 0 then redis.call('LTRIM', hist, 0, history_limit - 1) end
   if ttl_ms > 0 then
     redis.call('PEXPIRE', cp, ttl_ms)
     redis.call('PEXPIRE', msgs, ttl_ms)

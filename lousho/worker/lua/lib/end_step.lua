@@ -15,11 +15,15 @@
 -- which no copy is queued (the mark holds the message pushed, found with LPOS) or running (their
 -- lease is held): the reaper's requeue never piles copies onto the queue (issue #21);
 -- next_message: the next model turn's message ('' = none, or the worker sends it).
+-- known: what the calling script established a moment before, so not read again (issue #30):
+-- known.current, the session is still `epoch`; known.held, the lease is `token`'s (a fenced save
+-- that passed its fence, or a lease the script took). nil: both are read.
 -- Reply: {released 0/1, send 0/1, ...}: per call, whether it is to be sent (marked for the first
 -- time here, or a redispatch of a call nobody runs); a call with a message was pushed already.
-local function end_step(k, token, epoch, clear, calls, redispatch, next_message)
+local function end_step(k, token, epoch, clear, calls, redispatch, next_message, known)
+  known = known or {}
   local reply = {0}
-  local current = same_epoch(k.epoch, epoch)
+  local current = known.current or same_epoch(k.epoch, epoch)
   for _, call in ipairs(calls) do
     local send = false
     if current then
@@ -40,7 +44,7 @@ local function end_step(k, token, epoch, clear, calls, redispatch, next_message)
   elseif #calls > 0 then
     follow_head_ttl(k.dispatched, 'dispatched') -- the marks expire with the session (issue #16)
   end
-  if redis.call('GET', k.lease) == token then reply[1] = redis.call('DEL', k.lease) end
+  if known.held or redis.call('GET', k.lease) == token then reply[1] = redis.call('DEL', k.lease) end
   if current and next_message ~= '' then redis.call('LPUSH', k.queue, next_message) end
   return reply
 end

@@ -1,0 +1,61 @@
+"""What `Client.enqueue` costs in round trips to the store (issue #30): every read it can batch is batched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from lousho.fleet.settings import FleetSettings
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+
+
+def round_trips(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every packet the store's client sends from now on (a command, or a pipeline of them): one per round trip."""
+    sent: list[bytes] = []
+    pool = store.client.connection_pool
+    get_connection = pool.get_connection
+
+    wrapped: set[int] = set()
+
+    def counted_connection(*args: Any, **kwargs: Any) -> Any:
+        connection = get_connection(*args, **kwargs)
+        if id(connection) in wrapped:
+            return connection
+        wrapped.add(id(connection))
+        send = connection.send_packed_command
+
+        def send_counted(command: Any, *more: Any, **options: Any) -> Any:
+            sent.append(b"".join(command) if isinstance(command, list) else command)
+            return send(command, *more, **options)
+
+        monkeypatch.setattr(connection, "send_packed_command", send_counted)
+        return connection
+
+    monkeypatch.setattr(pool, "get_connection", counted_connection)
+    return sent
+
+
+def test_enqueue_takes_five_round_trips_to_the_store_for_a_new_session_or_an_existing_one(
+    make_redis_store: Callable[..., RedisStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new job: the stored checkpoint's read, the registry (server time and entries, one pipeline), the new
+    incarnation (one transaction, which clears the abort and parked marks too), the save, the live-event stream
+    opened (one transaction, issue #34). A job on an existing session: the read, the registry, the save, the stream,
+    and the marks cleared (one pipeline). Was 7 and 6 before issue #30, without the stream."""
+    store = make_redis_store()
+    client = Client(broker="memory://", store=store, settings=FleetSettings())
+    client.enqueue("agent", "warm up", session_id="warm", require_worker=False)  # the scripts loaded, connected
+    sent = round_trips(client.store, monkeypatch)
+
+    client.enqueue("agent", "hello", session_id="new", require_worker=False)
+    new_session = list(sent)
+    sent.clear()
+    client.enqueue("agent", "more", session_id="new", require_worker=False)
+
+    assert len(new_session) == 5, new_session
+    assert len(sent) == 5, sent
+    assert b"TIME" in new_session[1] and b"HGETALL" in new_session[1], "the registry's reads in one round trip"
+    assert b"DEL" in sent[-1] and b"HDEL" in sent[-1], "the marks cleared in one round trip"
