@@ -35,12 +35,16 @@ process the demo left running (a worker, the reaper) runs on past any bound, so 
 
 
 def alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie waiting for its parent's wait() counts as ended)."""
+    """Whether `pid` is a live process. A zombie waiting for its parent's wait() counts as ended, and so does a
+    process with no memory left (an empty /proc/PID/cmdline): it is inside the kernel's exit and can never run
+    code again. Under a loaded CI run a SIGKILLed worker's pid stayed so, not yet a zombie, for over 30 s
+    (issue #33); only kernel threads have no memory otherwise, and none is below the demo."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        memory = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return state not in ("Z", "X")
+    return state not in ("Z", "X") and memory != b""
 
 
 def started_at(pid: int) -> str:
@@ -49,11 +53,12 @@ def started_at(pid: int) -> str:
 
 
 def running(pids: list[int]) -> dict[int, str]:
-    """Each pid with its command line, for a failure's message."""
+    """Each pid with its /proc stat line (name, state, parent) and command line, for a failure's message."""
     found = {}
     for pid in pids:
         with contextlib.suppress(OSError):
-            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found[pid] = f"{Path(f'/proc/{pid}/stat').read_text()[:120]} | {command}"
     return found
 
 
