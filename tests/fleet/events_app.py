@@ -4,7 +4,8 @@
 one every `LOUSHO_TEST_DELTA_DELAY_S` (default 0.05 s). A test makes the worker die mid-stream by adding
 `die:<session>` to the Redis set `<prefix>test:kill`: the worker that streams that session's answer takes the
 trigger (once) and SIGKILLs itself after `LOUSHO_TEST_DIE_AFTER` pieces (default 5). `quiet` is the same agent with
-`stream_events=False`. Environment as `tests/fleet/fleet_app.py`'s (`LOUSHO_TEST_FLEET_REDIS`, `..._PREFIX`,
+`stream_events=False`. With `fail:<session>` in that set, the stream fails once after `LOUSHO_TEST_DIE_AFTER` pieces
+with a retryable provider error (a vendor's 529 mid-answer): the engine asks the model again within the same attempt. Environment as `tests/fleet/fleet_app.py`'s (`LOUSHO_TEST_FLEET_REDIS`, `..._PREFIX`,
 `..._QUEUE`, `..._BROKER`).
 """
 
@@ -16,6 +17,7 @@ import signal
 from collections.abc import AsyncIterator
 
 from lousho import Agent, Message, ModelRequest, ModelResponse
+from lousho.errors import ProviderError
 from lousho.providers.scripted import split_text
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url, create_app
@@ -40,9 +42,12 @@ class SlowStreamingModel:
     async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelResponse]:
         session = request.session_id or ""
         die = bool(store.client.srem(f"{PREFIX}test:kill", f"die:{session}"))
+        fail = bool(store.client.srem(f"{PREFIX}test:kill", f"fail:{session}"))
         for n, piece in enumerate(split_text(answer_to(request), DELTAS), start=1):
             await asyncio.sleep(DELTA_DELAY_S)
             yield piece
+            if fail and n == DIE_AFTER:
+                raise ProviderError("overloaded mid-answer", retryable=True, status=529)
             if die and n == DIE_AFTER:
                 await asyncio.sleep(0.2)  # the pieces so far are written (a flush interval is 0.05 s)
                 os.kill(os.getpid(), signal.SIGKILL)

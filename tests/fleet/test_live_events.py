@@ -77,6 +77,27 @@ def test_a_worker_killed_mid_stream_shows_attempt_2_whose_text_is_the_saved_text
     assert sum(e.kind == "checkpoint-saved" and e.data["status"] == "finished" for e in seen) == 1
 
 
+def test_a_provider_retry_mid_stream_starts_the_turn_again_and_the_text_after_it_is_the_saved_text(
+    fleet: Fleet,
+) -> None:
+    """A retryable provider error mid-answer (no worker died: the same attempt asks the model again) is told as a
+    `turn-started` of the same turn and attempt with `retry: 2`; a reader drops what it joined before it."""
+    fleet.start_worker(app=APP)
+    fleet.redis.sadd(fleet.key("kill"), "fail:live-retry")
+    session = fleet.client.enqueue("writer", "retry this", session_id="live-retry")
+    seen = list(fleet.client.events(session, block_s=0.5, timeout_s=60))
+
+    text = saved_answer(fleet, session)
+    starts = [(e.turn, e.attempt, e.data.get("retry")) for e in seen if e.kind == "turn-started"]
+    assert starts == [(1, 1, None), (1, 1, 2)], starts
+    again = max(i for i, e in enumerate(seen) if e.kind == "turn-started")
+    before = "".join(e.text or "" for e in seen[:again] if e.kind == "text-delta")
+    after = "".join(e.text or "" for e in seen[again:] if e.kind == "text-delta")
+    assert before and text.startswith(before) and before != text, "the failed ask streamed part of the answer"
+    assert after == text
+    assert not any(e.kind in ("failed", "parked", "requeued") for e in seen), [e.kind for e in seen]
+
+
 def test_a_reader_resuming_from_an_event_id_misses_none_and_sees_none_twice(fleet: Fleet) -> None:
     fleet.start_worker(app=APP)
     session = fleet.client.enqueue("writer", "resume me", session_id="live-resume")
