@@ -5,7 +5,8 @@ one every `LOUSHO_TEST_DELTA_DELAY_S` (default 0.05 s). A test makes the worker 
 `die:<session>` to the Redis set `<prefix>test:kill`: the worker that streams that session's answer takes the
 trigger (once) and SIGKILLs itself after `LOUSHO_TEST_DIE_AFTER` pieces (default 5). `quiet` is the same agent with
 `stream_events=False`. With `fail:<session>` in that set, the stream fails once after `LOUSHO_TEST_DIE_AFTER` pieces
-with a retryable provider error (a vendor's 529 mid-answer): the engine asks the model again within the same attempt. Environment as `tests/fleet/fleet_app.py`'s (`LOUSHO_TEST_FLEET_REDIS`, `..._PREFIX`,
+with a retryable provider error (a vendor's 529 mid-answer): the engine asks the model again within the same attempt.
+While a session is in the set `<prefix>test:gate`, its model waits before it streams (a test's browser loads first). Environment as `tests/fleet/fleet_app.py`'s (`LOUSHO_TEST_FLEET_REDIS`, `..._PREFIX`,
 `..._QUEUE`, `..._BROKER`).
 """
 
@@ -43,6 +44,8 @@ class SlowStreamingModel:
         session = request.session_id or ""
         die = bool(store.client.srem(f"{PREFIX}test:kill", f"die:{session}"))
         fail = bool(store.client.srem(f"{PREFIX}test:kill", f"fail:{session}"))
+        while store.client.sismember(f"{PREFIX}test:gate", session):  # the test opens its reader first
+            await asyncio.sleep(0.05)
         for n, piece in enumerate(split_text(answer_to(request), DELTAS), start=1):
             await asyncio.sleep(DELTA_DELAY_S)
             yield piece
