@@ -14,11 +14,20 @@ from pathlib import Path
 
 from lousho.errors import CorruptCheckpointError
 from lousho.stores.file_folder import fsync_dir
+from lousho.stores.segments import Head
 
-__all__ = ["Extent", "append_lines", "read_lines"]
+__all__ = ["Extent", "append_lines", "extent_of", "read_lines", "valid_extent"]
 
 Extent = tuple[int, int]
 """(lines, bytes) of a messages file that a head counts."""
+
+
+def extent_of(head: Head) -> Extent:
+    return head.extra.get("n", 0), head.extra.get("b", 0)
+
+
+def valid_extent(head: Head) -> bool:
+    return "n" in head.extra and "b" in head.extra and head.end <= head.extra["n"]
 
 
 def append_lines(session_id: str, path: Path, extent: Extent, texts: Sequence[str]) -> Extent:
