@@ -17,6 +17,7 @@ as they are.
 
 A save is a compare-and-set under an exclusive flock on the session's lock file; reads take it
 shared. A history file damaged anyway reads as no history and is rebuilt by the next save.
+`reseal` writes all three again under the codec's current key (issue #31, `lousho.stores.file_reseal`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
 from lousho.stores.file_history import entry_line, history_file, history_lines, parse_entries
-from lousho.stores.file_messages import append_lines, extent_of, read_lines, valid_extent
+from lousho.stores.file_messages import append_lines, extent_of, read_lines, resealing_mark, valid_extent
+from lousho.stores.file_reseal import SessionFiles, reseal_files
 from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.segments import (
@@ -246,7 +248,8 @@ class FileCheckpointStore:
         with self._folder.locked(f"cp-{name}"), self._folder.translate():
             paths = [self._path(name)]
             if not keep_history:
-                paths += [self._history_path(name), self._messages_path(name)]
+                messages = self._messages_path(name)
+                paths += [self._history_path(name), messages, resealing_mark(messages)]
             for path in paths:
                 with suppress(FileNotFoundError):
                     path.unlink()
@@ -320,9 +323,24 @@ class FileCheckpointStore:
             with suppress(FileNotFoundError):
                 self._history_path(name).unlink()
         if not kept and not self._path(name).exists():
-            with suppress(FileNotFoundError):
-                self._messages_path(name).unlink()
+            for path in (self._messages_path(name), resealing_mark(self._messages_path(name))):
+                with suppress(FileNotFoundError):
+                    path.unlink()
         return len(entries) - len(kept)
+
+    # -- re-seal ---------------------------------------------------------------------------
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`); how many values. A value the codec cannot read raises and nothing is
+        written; a crash part way leaves the session readable (`lousho.stores.file_reseal`)."""
+        name = file_name(session_id)
+        try:
+            with self._folder.locked(f"cp-{name}"), self._folder.translate():
+                files = SessionFiles(self._path(name), self._history_path(name), self._messages_path(name))
+                return reseal_files(session_id, self._codec, files)
+        finally:
+            self._cache.drop(session_id)
 
     # -- raw records (tests) ---------------------------------------------------------------
 
