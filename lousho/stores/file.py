@@ -7,6 +7,7 @@ Layout under `dir`:
     checkpoint-history/<session>.json   {"entries": [{"saved_at", "checkpoint": <head>}, ...]}, newest first
     approvals/<id>.json                 one approval snapshot
     locks/<name>.lock                   taken with flock() around every change
+    messages/.<session>.jsonl.resealing there while a re-seal rewrites the session (lousho.stores.file_reseal)
 
 Heads and history files are replaced atomically (temporary file in the same folder, fsync,
 `os.replace`, fsync of the folder), so a crash leaves the old file or the new one, never half
@@ -16,7 +17,8 @@ file, so two processes on one machine cannot both win. Needs a POSIX system (fcn
 file system (flock is unreliable over NFS).
 
 The parts: `lousho.stores.file_checkpoints` (`FileCheckpointStore`, the layout of a session),
-`lousho.stores.file_messages` (the messages file), `lousho.stores.file_approvals`
+`lousho.stores.file_messages` (the messages file), `lousho.stores.file_history` (the history
+file), `lousho.stores.file_reseal` (`lousho reseal`), `lousho.stores.file_approvals`
 (`FileApprovalStore`) and `lousho.stores.file_folder` (locks, atomic writes); their public
 names are importable from here too.
 """

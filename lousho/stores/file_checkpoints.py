@@ -17,6 +17,7 @@ as they are.
 
 A save is a compare-and-set under an exclusive flock on the session's lock file; reads take it
 shared. A history file damaged anyway reads as no history and is rebuilt by the next save.
+`reseal` writes all three again under the codec's current key (issue #31, `lousho.stores.file_reseal`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from lousho.errors import CorruptCheckpointError, PayloadKeyError, SDKError
 from lousho.store_bundle import Pruned
 from lousho.stores.codec import PLAIN, PayloadCodec
 from lousho.stores.file_folder import Folder, atomic_write, file_name, fsync_dir, read_file
-from lousho.stores.file_messages import Extent, append_lines, read_lines
+from lousho.stores.file_history import entry_line, history_file, history_lines, parse_entries
+from lousho.stores.file_messages import append_lines, extent_of, read_lines, resealing_mark, valid_extent
+from lousho.stores.file_reseal import SessionFiles, reseal_files
 from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
 from lousho.stores.segments import (
@@ -55,14 +58,6 @@ __all__ = ["FileCheckpointStore", "FilePruned"]
 
 FilePruned = Pruned
 """What `prune()` removed (the name FileStore used before every store shared `Pruned`, issue #16)."""
-
-
-def _extent(head: Head) -> Extent:
-    return head.extra.get("n", 0), head.extra.get("b", 0)
-
-
-def _valid_extent(head: Head) -> bool:
-    return "n" in head.extra and "b" in head.extra and head.end <= head.extra["n"]
 
 
 class FileCheckpointStore:
@@ -106,9 +101,9 @@ class FileCheckpointStore:
         head = self._check_stored(session_id, read_file(self._path(name)), checkpoint)
         entries = self._history_lines(name)
         if head is not None:  # a head's extent covers every earlier save's
-            extent = _extent(head)
+            extent = extent_of(head)
         else:  # none (or an older layout's): what the history kept uses
-            extent = max((_extent(h) for h in _entry_heads(_parse_lines(entries))), default=(0, 0))
+            extent = max((extent_of(h) for h in _entry_heads(parse_entries(entries))), default=(0, 0))
         messages = self._messages_path(name)
         segments, texts = plan_save(
             self._cache,
@@ -125,8 +120,7 @@ class FileCheckpointStore:
         )
         atomic_write(self._path(name), record.encode())
         if self.history_limit > 0:
-            entry = '{"saved_at": ' + json.dumps(utc_now()) + ', "checkpoint": ' + entry_record + "}"
-            self._write_lines(name, [entry.encode(), *entries][: self.history_limit])
+            self._write_lines(name, [entry_line(utc_now(), entry_record), *entries][: self.history_limit])
 
     def _check_stored(self, session_id: str, raw: bytes | None, checkpoint: Checkpoint) -> Head | None:
         """The stored head's header (None: none stored, or a whole checkpoint), after the version check."""
@@ -135,7 +129,7 @@ class FileCheckpointStore:
             return None
         data, head = split_record(session_id, raw, self._codec)  # a wrong key raises here, before any write
         if head is not None:
-            if not _valid_extent(head):
+            if not valid_extent(head):
                 raise CorruptCheckpointError(session_id, "its store header is damaged")
             data["messages"] = []
         check_version(session_id, decode_checkpoint(session_id, data).version, checkpoint)
@@ -161,9 +155,9 @@ class FileCheckpointStore:
             data, head = split_record(session_id, raw, self._codec)
             if head is None:
                 return decode_checkpoint(session_id, data)
-            if not _valid_extent(head):
+            if not valid_extent(head):
                 raise CorruptCheckpointError(session_id, "its store header is damaged")
-            lines = read_lines(session_id, self._messages_path(name), _extent(head))
+            lines = read_lines(session_id, self._messages_path(name), extent_of(head))
         data["messages"] = Transcript(session_id, lines, self._codec).take(head.segments)
         checkpoint = decode_checkpoint(session_id, data)
         self._cache.put(session_id, Known(checkpoint.version, head.writer, tuple(checkpoint.messages)))
@@ -197,26 +191,14 @@ class FileCheckpointStore:
     # -- history ---------------------------------------------------------------------------
 
     def _history_lines(self, name: str) -> list[bytes]:
-        """The history file's entries as JSON lines; a damaged file counts as no history (the next
-        save rewrites it), a file of an older layout is read whole."""
-        raw = read_file(self._history_path(name))
-        if raw is None:
-            return []
-        if raw.startswith(_OPEN) and raw.endswith(_CLOSE):
-            body = raw[len(_OPEN) : -len(_CLOSE)]
-            return [line.removesuffix(b",") for line in body.split(b"\n")] if body else []
-        try:
-            data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
-            return []
-        entries = data.get("entries") if isinstance(data, dict) else None
-        return [json.dumps(e).encode() for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+        """The history file's entries as JSON lines (`lousho.stores.file_history`)."""
+        return history_lines(read_file(self._history_path(name)))
 
     def _entries(self, name: str) -> list[dict[str, Any]]:
-        return _parse_lines(self._history_lines(name))
+        return parse_entries(self._history_lines(name))
 
     def _write_lines(self, name: str, lines: list[bytes]) -> None:
-        atomic_write(self._history_path(name), _OPEN + b",\n".join(lines) + _CLOSE)
+        atomic_write(self._history_path(name), history_file(lines))
 
     def history(self, session_id: str, limit: int | None = None) -> list[HistoryEntry]:
         """The session's saves, newest first (at most `limit`), each as it was saved; entries that
@@ -236,14 +218,14 @@ class FileCheckpointStore:
                     raise
                 except (KeyError, SDKError):
                     continue
-            heads = [head for _, _, head in records if head is not None and _valid_extent(head)]
-            extent = max((_extent(head) for head in heads), default=(0, 0))
+            heads = [head for _, _, head in records if head is not None and valid_extent(head)]
+            extent = max((extent_of(head) for head in heads), default=(0, 0))
             lines = read_lines(session_id, self._messages_path(name), extent, strict=False)
         transcript, result = Transcript(session_id, lines, self._codec), []
         for saved_at, data, head in records:
             try:
                 if head is not None:
-                    if not _valid_extent(head) or head.end > len(lines):
+                    if not valid_extent(head) or head.end > len(lines):
                         continue
                     data["messages"] = transcript.take(head.segments)
                 checkpoint = decode_checkpoint(session_id, data)
@@ -266,7 +248,8 @@ class FileCheckpointStore:
         with self._folder.locked(f"cp-{name}"), self._folder.translate():
             paths = [self._path(name)]
             if not keep_history:
-                paths += [self._history_path(name), self._messages_path(name)]
+                messages = self._messages_path(name)
+                paths += [self._history_path(name), messages, resealing_mark(messages)]
             for path in paths:
                 with suppress(FileNotFoundError):
                     path.unlink()
@@ -340,9 +323,24 @@ class FileCheckpointStore:
             with suppress(FileNotFoundError):
                 self._history_path(name).unlink()
         if not kept and not self._path(name).exists():
-            with suppress(FileNotFoundError):
-                self._messages_path(name).unlink()
+            for path in (self._messages_path(name), resealing_mark(self._messages_path(name))):
+                with suppress(FileNotFoundError):
+                    path.unlink()
         return len(entries) - len(kept)
+
+    # -- re-seal ---------------------------------------------------------------------------
+
+    def reseal(self, session_id: str) -> int:
+        """Write every stored value of the session again, sealed under the codec's first key to its place
+        (issue #31, `lousho reseal`); how many values. A value the codec cannot read raises and nothing is
+        written; a crash part way leaves the session readable (`lousho.stores.file_reseal`)."""
+        name = file_name(session_id)
+        try:
+            with self._folder.locked(f"cp-{name}"), self._folder.translate():
+                files = SessionFiles(self._path(name), self._history_path(name), self._messages_path(name))
+                return reseal_files(session_id, self._codec, files)
+        finally:
+            self._cache.drop(session_id)
 
     # -- raw records (tests) ---------------------------------------------------------------
 
@@ -359,27 +357,13 @@ class FileCheckpointStore:
         self._cache.drop(session_id)
 
 
-_OPEN, _CLOSE = b'{"entries": [\n', b"\n]}"
-"""A history file is this, its entries (one JSON object per line) joined by ",\n", and this."""
-
-
-def _parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
-    entries = []
-    for line in lines:
-        with suppress(ValueError, UnicodeDecodeError):
-            entry = json.loads(line)
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
-
-
 def _entry_heads(entries: list[dict[str, Any]]) -> list[Head]:
     """The headers of history entries that have one (the extent of the messages file they use)."""
     heads = []
     for entry in entries:
         with suppress(SDKError):
             head = split_record("", entry.get("checkpoint") or {})[1]
-            if head is not None and _valid_extent(head):
+            if head is not None and valid_extent(head):
                 heads.append(head)
     return heads
 

@@ -10,7 +10,7 @@ segments and save times unchanged. A record of the older whole-checkpoint layout
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -18,7 +18,7 @@ from lousho.checkpoint import decode_checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.stores.codec import PayloadCodec, message_place
 from lousho.stores.redis_records import chain_step
-from lousho.stores.segments import HEADER, parse_message, split_record
+from lousho.stores.segments import HEADER, Head, behind_header, parse_message, split_record
 
 if TYPE_CHECKING:
     from lousho.stores.redis_checkpoints import RedisCheckpointStore
@@ -32,6 +32,13 @@ class Resealed:
 
     records: list[str] = field(default_factory=list)
     messages: dict[int, Any] = field(default_factory=dict)
+    sealed: list[tuple[Head, str]] = field(default_factory=list)
+    """`reseal_records`: each record's header as it was read and its new body, for `with_extra`."""
+
+    def with_extra(self, extra: Callable[[Head], Mapping[str, int]]) -> list[str]:
+        """The records again, each header's store-specific fields `extra(header)`: FileStore's byte count `b`
+        of the messages file changes when its lines are written again at other lengths."""
+        return [behind_header(head.writer, head.segments, extra(head), body) for head, body in self.sealed]
 
 
 def _indexes(segments: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
@@ -83,8 +90,8 @@ def reseal_records(
         messages = _messages(session_id, codec, rows, head.segments, out.messages)
         checkpoint = decode_checkpoint(session_id, {**data, "messages": messages})
         body = codec.seal_record(checkpoint, session_id, history=history)[-1]
-        meta = json.dumps({"f": 1, "w": head.writer, "s": head.segments, **head.extra}, separators=(",", ":"))
-        out.records.append('{"' + HEADER + '":' + meta + ',"messages":null,' + body[1:])
+        out.sealed.append((head, body))
+        out.records.append(behind_header(head.writer, head.segments, head.extra, body))
     return out
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "Known",
     "SessionCache",
     "Transcript",
+    "behind_header",
     "common_prefix",
     "encode_record",
     "encode_records",
@@ -84,7 +85,7 @@ def encode_record(
 ) -> str:
     """The head of `checkpoint`: its JSON without messages (secret fields sealed by `codec`, issue #17),
     behind the header naming `segments`."""
-    return _behind_header(writer, segments, extra, codec.seal_head(checkpoint))
+    return behind_header(writer, segments, extra, codec.seal_head(checkpoint))
 
 
 def encode_records(
@@ -100,10 +101,12 @@ def encode_records(
     """The head of `checkpoint` and (with `history`) its history entry: the same header and fields, the
     sealed part bound to each place (issue #31; the same text twice when nothing is encrypted)."""
     bodies = codec.seal_record(checkpoint, session_id, history=history)
-    return [_behind_header(writer, segments, extra, body) for body in bodies]
+    return [behind_header(writer, segments, extra, body) for body in bodies]
 
 
-def _behind_header(writer: str, segments: Segments, extra: dict[str, int], body: str) -> str:
+def behind_header(writer: str, segments: Segments, extra: Mapping[str, int], body: str) -> str:
+    """A record: the store header (`writer`, `segments`, the store's own `extra` fields), then `body`, the
+    checkpoint's JSON without messages (as `seal_record` makes it)."""
     header = json.dumps({"f": FORMAT, "w": writer, "s": segments, **extra}, separators=(",", ":"))
     return '{"' + HEADER + '":' + header + ',"messages":null,' + body[1:]
 

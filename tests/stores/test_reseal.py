@@ -5,6 +5,7 @@ current key, each value bound to its place, so the setting can be turned off and
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shlex
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from lousho.approvals import ApprovalSnapshot
 from lousho.checkpoint import Checkpoint
-from lousho.errors import ConfigurationError, PayloadKeyError, UnsealedValueError
+from lousho.errors import ConfigurationError, CorruptCheckpointError, PayloadKeyError, UnsealedValueError
 from lousho.messages import Message, ToolCall
 from lousho.operations import Target, reseal_sessions
 from lousho.stores.codec import MAGIC, PLAIN, TEXT_MARK, PayloadCodec, Place
@@ -28,7 +29,7 @@ from tests.docs.walkthrough import bash_block_after
 from tests.ops.conftest import LOUSHO, ROOT, run_clean
 from tests.stores.codecs import KEY_1, KEY_2
 
-BACKENDS = ["redis", "sqlite", "postgres", "dbm"]
+BACKENDS = ["redis", "sqlite", "postgres", "dbm", "file"]
 SECRET = "card 4242-4242"
 
 
@@ -62,6 +63,8 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Calla
         return
 
     def local(c: PayloadCodec) -> Any:
+        if kind == "file":
+            return FileStore(tmp_path / "f", codec=c)
         for store in opened:
             store.close()
         made = SqliteStore(tmp_path / "jobs.db", codec=c) if kind == "sqlite" else dbm_store(tmp_path / "d", codec=c)
@@ -158,9 +161,77 @@ def test_resealing_needs_a_key_and_a_store_that_can() -> None:
         reseal_sessions(Target(SqliteStore(":memory:")), [])
 
 
-def test_a_file_store_says_it_cannot_reseal_yet(tmp_path: Path) -> None:
-    with pytest.raises(ConfigurationError, match="cannot re-seal"):
-        reseal_sessions(Target(FileStore(tmp_path / "f", codec=codec("k1"))), ["s"])
+def file_dump(folder: Path) -> dict[str, bytes]:
+    """Every file of a FileStore's folder but its lock files, with its bytes."""
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and "locks" not in p.parts}
+
+
+def damage_a_history_entry(folder: Path) -> PayloadCodec:
+    history = folder / "checkpoint-history" / "s1.json"
+    history.write_bytes(history.read_bytes().replace(b'{"saved_at"', b'{"saved":', 1))
+    return codec("k1")
+
+
+@pytest.mark.parametrize(
+    ("written", "reseal", "refused"),
+    [
+        (PLAIN, lambda _: codec("k1"), UnsealedValueError),  # plain data, a codec that does not migrate
+        (codec("k1"), lambda _: codec("k2"), PayloadKeyError),  # the old key already dropped
+        (codec("k1"), damage_a_history_entry, CorruptCheckpointError),  # the history read skips it; a re-seal cannot
+    ],
+)
+def test_a_file_store_refuses_to_reseal_a_value_it_cannot_open_and_changes_no_file(
+    tmp_path: Path, written: PayloadCodec, reseal: Callable[[Path], PayloadCodec], refused: type[Exception]
+) -> None:
+    folder = tmp_path / "f"
+    latest = run(FileStore(folder, codec=written), "s1")
+    resealing = reseal(folder)
+    before = file_dump(folder)
+    with pytest.raises(refused):
+        FileStore(folder, codec=resealing).checkpoints.reseal("s1")
+    assert file_dump(folder) == before
+    assert FileStore(folder, codec=written).checkpoints.load("s1") == latest
+
+
+def _extents(folder: Path) -> list[tuple[int, int]]:
+    """(n, b) of the head, then of each history entry."""
+    head = json.loads((folder / "checkpoints" / "s1.json").read_bytes())
+    entries = json.loads((folder / "checkpoint-history" / "s1.json").read_bytes())["entries"]
+    return [(r["$store"]["n"], r["$store"]["b"]) for r in [head, *(e["checkpoint"] for e in entries)]]
+
+
+def test_a_file_store_reseal_counts_the_new_bytes_and_later_saves_append_after_them(tmp_path: Path) -> None:
+    folder = tmp_path / "f"
+    latest = run(FileStore(folder), "s1")
+    assert FileStore(folder, codec=codec("k1", unsealed=True)).checkpoints.reseal("s1") == 5
+    lines = (folder / "messages" / "s1.jsonl").read_bytes().splitlines(keepends=True)
+    assert all(line.startswith(TEXT_MARK.encode()) for line in lines) and SECRET.encode() not in lines[0]
+    assert _extents(folder) == [(2, len(lines[0] + lines[1])), (2, len(lines[0] + lines[1])), (1, len(lines[0]))]
+
+    strict = FileStore(folder, codec=codec("k1"))
+    following = latest.model_copy(update={"version": 3, "messages": [*latest.messages, Message.user("and then")]})
+    strict.checkpoints.save("s1", following)
+    size = (folder / "messages" / "s1.jsonl").stat().st_size
+    assert size > len(b"".join(lines)) and _extents(folder)[0] == (3, size)
+    fresh = FileStore(folder, codec=codec("k1"))  # another process: no cache
+    assert fresh.checkpoints.load("s1") == following
+    assert [e.checkpoint for e in fresh.checkpoints.history("s1")] == [following, latest, *_first(latest)]
+    assert not list((folder / "messages").glob(".*"))  # no mark, no temporary file left
+
+
+def _first(latest: Checkpoint) -> list[Checkpoint]:
+    """`run`'s first save."""
+    return [Checkpoint(session_id=latest.session_id, version=1, messages=latest.messages[:1])]
+
+
+def test_a_file_store_reseals_a_session_it_lists_under_a_hash_of_its_id(tmp_path: Path) -> None:
+    """An id that is not a safe file name is stored, and listed, under a hash of it: `--all` binds the values to
+    the id the session's records name, not to that file name."""
+    folder = tmp_path / "f"
+    latest = run(FileStore(folder), "chat 42/eve")
+    migrating = FileStore(folder, codec=codec("k1", unsealed=True))
+    assert list(reseal_sessions(Target(migrating)).values.values()) == [5]
+    assert FileStore(folder, codec=codec("k1")).checkpoints.load("chat 42/eve") == latest
 
 
 def _v010_value(plain: bytes) -> bytes:
@@ -206,3 +277,20 @@ def test_the_docs_reseal_command_migrates_a_store_written_before_its_keys(tmp_pa
     strict = SqliteStore(path, codec=codec("k1"))
     assert strict.checkpoints.load("s1") == latest
     strict.close()
+
+
+@pytest.mark.slow  # lousho processes: out of `scripts/check --fast`
+def test_lousho_reseal_all_reseals_a_file_store(tmp_path: Path) -> None:
+    folder = tmp_path / "f"
+    latest = run(FileStore(folder), "s1")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"},
+        "LOUSHO_STORE_URL": f"file://{folder}",
+        "LOUSHO_PAYLOAD_KEYS": f"k1:{base64.b64encode(KEY_1).decode()}",
+    }
+    done = run_clean([LOUSHO, "reseal", "--all"], env={**env, "LOUSHO_PAYLOAD_READ_UNSEALED": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "re-sealed 5 values of session s1 under key k1" in done.stdout
+    shown = run_clean([LOUSHO, "show", "s1", "--json"], env=env)
+    assert shown.returncode == 0 and SECRET in shown.stdout, shown.stderr[-2000:]
+    assert FileStore(folder, codec=codec("k1")).checkpoints.load("s1") == latest
