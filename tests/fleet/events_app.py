@@ -44,7 +44,9 @@ class SlowStreamingModel:
         session = request.session_id or ""
         die = bool(store.client.srem(f"{PREFIX}test:kill", f"die:{session}"))
         fail = bool(store.client.srem(f"{PREFIX}test:kill", f"fail:{session}"))
-        while store.client.sismember(f"{PREFIX}test:gate", session):  # the test opens its reader first
+        for _ in range(1200):  # at most 60 s while the session is in the gate set: the test opens its reader first
+            if not store.client.sismember(f"{PREFIX}test:gate", session):
+                break
             await asyncio.sleep(0.05)
         for n, piece in enumerate(split_text(answer_to(request), DELTAS), start=1):
             await asyncio.sleep(DELTA_DELAY_S)
