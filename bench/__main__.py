@@ -91,7 +91,7 @@ FULL = Config(
     recovery_repeats=(8, 8),
     concurrency_sizes=(100, 1000, 5000),
     events_turns=25,
-    events_repeats=15,
+    events_repeats=40,  # a pair's ratio ranges 0.9-1.4 on a shared machine: the median needs many (issue #34)
 )
 
 

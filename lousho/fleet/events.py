@@ -11,10 +11,12 @@ text behind: the turn generated again starts with a `turn-started` event of a hi
 what it joined of that turn so far. Events are written after the fact and never read by a worker.
 
 Deltas are coalesced: those that arrive within `FleetSettings.events_flush_interval_s` of each other are written
-as one `text-delta` entry (one round trip), and every pending event is written before the turn's answer is saved
-(the step waits for that write) and at the end of each task. So a reader sees a turn's text before its save, and
-a hop costs one or two round trips more, not one per token. Flushes by a timer (a delta of a slow stream, a long
-tool call's start) are written by the process's writer thread, in order with the others.
+as one `text-delta` entry. Every event still pending when the step saves rides in the save's own round trip, queued
+ahead of the save script on the same connection (`ride_with_save`), so a reader sees a turn's text before its save
+and the hop waits for no write of its own. Flushes by a timer (a delta of a slow stream, a long tool call's start)
+and the task's last events are written by the process's writer thread, in order with the others; a save whose
+session still has such a write under way waits for it first, so a session's events from one process keep their
+order (issue #34's cost goal: a hop at most 10 % slower with events on).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -85,6 +88,10 @@ def events_key(store: RedisStore, session_id: str) -> str:
     """The session's event stream, in its hash slot beside its checkpoint."""
     return store.keys.session_key(session_id, "events")
 
+
+CARRY_S = 0.01
+"""How long a task's last save event waits for the session's next step in the same process to write it (`close`):
+short beside a step on another worker, whose first write comes at least a flush interval after it starts."""
 
 OPENING_ID = "0-1"
 """The id of the entry that makes a stream (`open_stream`), deleted at once: no real entry has it."""
@@ -210,8 +217,7 @@ class EventWriter:
         if isinstance(event, TextEvent):
             if event.delta:
                 self.delta(event.text)
-            else:  # the turn's whole text, just before its save: the reader sees every delta first
-                self.flush()
+            # the turn's whole text comes just before its save: the deltas still pending ride with that save
         elif isinstance(event, CheckpointSavedEvent):
             self.add("checkpoint-saved", data={"step": event.step, "status": event.status, "version": event.version})
         elif isinstance(event, ApprovalRequestedEvent):
@@ -226,90 +232,206 @@ class EventWriter:
 
     def flush(self, wait: bool = True) -> None:
         """Write what is pending; `wait=False`: by the process's writer thread, off the step's path."""
+        pending = self._take()
+        if not pending:
+            return
+        self._last_write = time.monotonic()
+        if wait:
+            WRITES.wait_for(self.key)  # the session's earlier events first
+            self._write(pending)
+        else:
+            WRITES.submit(functools.partial(self._write, pending), self.key)
+
+    def _take(self) -> list[dict[str, Any]]:
+        """What is pending, after what an earlier task of the session carried (`close`), taken (none when events
+        are off); the timer's flush is not needed any more."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if not self._pending or self.enabled is False:
-            self._pending.clear()
-            return
-        pending, self._pending = self._pending, []
-        self._last_write = time.monotonic()
-        WRITES.submit(functools.partial(self._write, pending), wait=wait)
+        pending, self._pending = WRITES.take_carried(self.key) + self._pending, []
+        return [] if self.enabled is False else pending
 
-    def _write(self, pending: list[dict[str, Any]]) -> None:
-        client = self.store.client
+    def ride_with_save(self) -> Callable[[Any], int] | None:
+        """What the step's next save queues ahead of its script on its pipeline: the pending events, which then
+        reach the stream before the save, in its round trip (None: nothing to write). A session whose earlier
+        events the writer thread still writes has them written first (`OrderedWrites.busy`): order is kept."""
+        if WRITES.busy(self.key):
+            WRITES.wait_for(self.key)  # the session's earlier events reach the stream first
+        pending = self._take()
+        if not pending:
+            return None
+        self._last_write = time.monotonic()
+        bodies = self._bodies(pending)
+        return functools.partial(self._queue, bodies)
+
+    def _bodies(self, pending: list[dict[str, Any]]) -> list[str | bytes]:
         # Sealed like the checkpoint when the store has a payload codec: a text delta or a tool result is as secret
         # as the transcript it becomes (issue #34; tests/fleet/test_fleet_codec.py reads Redis for plaintext).
         codec, place = self.store.codec, event_place(self.session_id)
-        bodies = [codec.encode_text(json.dumps(event, separators=(",", ":"), default=str), place) for event in pending]
+        return [codec.encode_text(json.dumps(event, separators=(",", ":"), default=str), place) for event in pending]
+
+    def _queue(self, bodies: list[str | bytes], pipe: Any) -> int:
+        """Queue the XADDs (and the stream's expiry) on `pipe`; how many commands."""
+        for body in bodies:
+            pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True, nomkstream=True)
+        if self.store.ttl_s is None:
+            return len(bodies)
+        pipe.pexpire(self.key, max(1, round(self.store.ttl_s * 1000)))
+        return len(bodies) + 1
+
+    def _write(self, pending: list[dict[str, Any]]) -> None:
+        client = self.store.client
+        bodies = self._bodies(pending)
         try:
             with redis_errors(client, f"write the events of session {self.session_id!r}"):
                 if len(bodies) == 1 and self.store.ttl_s is None:  # one command: no pipeline to build
                     client.xadd(self.key, {"e": bodies[0]}, maxlen=self.maxlen, approximate=True, nomkstream=True)
                     return
                 pipe = client.pipeline(transaction=False)
-                for body in bodies:
-                    pipe.xadd(self.key, {"e": body}, maxlen=self.maxlen, approximate=True, nomkstream=True)
-                if self.store.ttl_s is not None:
-                    pipe.pexpire(self.key, max(1, round(self.store.ttl_s * 1000)))
+                self._queue(bodies, pipe)
                 pipe.execute()
         except Exception as exc:  # a view only: the step goes on, its checkpoint is the truth
             log.warning("lousho: %d event(s) of session %r not written: %s", len(pending), self.session_id, exc)
 
     def close(self) -> None:
-        """The task ends: what is pending is written before the worker takes its next task, so the next step of
-        the session (maybe on another worker) finds this one's events in the stream before its own."""
-        self.flush()
+        """The task ends: what is pending goes to the writer thread, off the hop's path (issue #34's cost). A
+        task's last save told alone is carried for `CARRY_S` first: a next step of the session in this process
+        within that time writes it in its own first write, ahead of its events (a zero-latency hop then costs no
+        write of its own); else the writer thread writes it. A step on another worker comes after these in
+        practice (docs/fleet.md), not by guarantee."""
+        pending = self._take()
+        if not pending:
+            return
+        self._last_write = time.monotonic()
+        if all(event["kind"] == "checkpoint-saved" for event in pending):
+            WRITES.carry(self.key, pending, self._write, CARRY_S)
+        else:
+            WRITES.submit(functools.partial(self._write, pending), self.key)
+
+
+@dataclass
+class Carried:
+    """A session's events held back by `OrderedWrites.carry`."""
+
+    due: float
+    events: list[dict[str, Any]]
+    write: Callable[[list[dict[str, Any]]], None]
 
 
 class OrderedWrites:
-    """The process's event writes, in the order they were submitted: a writer thread does those a task need
-    not wait for (a task's end, a timer's flush), and a write a task waits for (deltas before their turn's save)
-    first does, in its own thread, every write submitted before it. One lock over all writes keeps the order, so
-    a session's events from one process reach its stream in the order they happened."""
+    """The process's event writes a task need not wait for (a timer's flush, a task's end), done by one writer
+    thread in the order they were submitted. A write a task does itself (`wait_for` first) comes after every
+    write of its session submitted before it, so a session's events from one process reach its stream in the
+    order they happened. The lock guards the queue, never a write: a task that submits never waits for Redis
+    (issue #34's cost goal)."""
 
     def __init__(self) -> None:
-        self._queued: deque[Callable[[], None]] = deque()
-        self._lock = threading.Condition()
-        self._pid = 0
+        self._forked()
         os.register_at_fork(after_in_child=self._forked)
 
     def _forked(self) -> None:
-        """A forked child starts with no writes and a free lock (the parent's thread may have held it)."""
-        self._queued = deque()
+        """A process (or a forked child) starts with no writes and a free lock (the parent's thread may have held
+        it)."""
+        self._queued: deque[tuple[str, Callable[[], None]]] = deque()
         self._lock = threading.Condition()
         self._pid = 0
+        self._streams: dict[str, int] = {}
+        """Stream key -> its writes queued or under way (`busy`): a session's, under its store's prefix."""
+        self._carried: dict[str, Carried] = {}
+        """Stream key -> events held back for its session's next write (`carry`)."""
 
-    def submit(self, write: Callable[[], None], *, wait: bool) -> None:
+    def submit(self, write: Callable[[], None], stream: str) -> None:
+        """Queue `write` for the writer thread."""
         with self._lock:
-            if wait:
-                while self._queued:
-                    self._queued.popleft()()
-                write()
-                return
-            self._start()
-            self._queued.append(write)
-            self._lock.notify()
+            self._queue(stream, write)
 
-    def drain(self) -> None:
-        """Do every queued write now (a process that ends: `atexit`)."""
-        self.submit(lambda: None, wait=True)
+    def _queue(self, stream: str, write: Callable[[], None]) -> None:
+        self._start()
+        self._queued.append((stream, write))
+        self._streams[stream] = self._streams.get(stream, 0) + 1
+        self._lock.notify_all()
+
+    def carry(
+        self,
+        stream: str,
+        events: list[dict[str, Any]],
+        write: Callable[[list[dict[str, Any]]], None],
+        delay_s: float,
+    ) -> None:
+        """Hold `events` back for the session's next write in this process (`take_carried`); the writer thread
+        writes them with `write` after `delay_s` if none took them."""
+        with self._lock:
+            self._start()
+            held = self._carried.get(stream)
+            if held is None:
+                self._carried[stream] = Carried(time.monotonic() + delay_s, events, write)
+            else:
+                held.events.extend(events)
+            self._lock.notify_all()
+
+    def take_carried(self, stream: str) -> list[dict[str, Any]]:
+        """The events held back for the session (none, mostly: a dict lookup without the lock first)."""
+        if stream not in self._carried:
+            return []
+        with self._lock:
+            held = self._carried.pop(stream, None)
+        return held.events if held is not None else []
+
+    def busy(self, stream: str) -> bool:
+        """Whether a write of the session is queued or under way. Read without the lock: only the session's own
+        task adds its writes, so a 'no' cannot turn stale, and a stale 'yes' costs a `wait_for`."""
+        return stream in self._streams
+
+    def wait_for(self, stream: str, timeout_s: float = 10.0) -> None:
+        """Until the writer thread has done the session's writes (at most `timeout_s`: a stuck write, logged)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while stream in self._streams and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
+
+    def drain(self, timeout_s: float = 5.0) -> None:
+        """Until every write, held back or queued, is done, at most `timeout_s` (a process that ends: `atexit`)."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._release(float("inf"))
+            while self._streams and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
+
+    def _release(self, now: float) -> float | None:
+        """Queue the held-back events due by `now`; how long until the next is due (None: none held)."""
+        for stream, held in list(self._carried.items()):
+            if held.due <= now:
+                del self._carried[stream]
+                self._queue(stream, functools.partial(held.write, held.events))
+        return min((held.due for held in self._carried.values()), default=None)
 
     def _start(self) -> None:
         if self._pid != os.getpid():  # after a fork the thread is the parent's: one of this process's own
             self._pid = os.getpid()
             threading.Thread(target=self._run, name="lousho-events", daemon=True).start()
 
+    def _next(self) -> tuple[str, Callable[[], None]]:
+        """The next write (the lock held): queued, or held back and due."""
+        while not self._queued:
+            next_due = self._release(time.monotonic())
+            if not self._queued:
+                self._lock.wait(None if next_due is None else max(0.0, next_due - time.monotonic()))
+        return self._queued.popleft()
+
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queued:
-                    self._lock.wait()
-                write = self._queued.popleft()
-                try:
-                    write()
-                except Exception:  # `_write` logs its own; anything else must not stop the thread
-                    log.exception("lousho: an event write failed")
+                stream, write = self._next()
+            try:
+                write()
+            except Exception:  # `_write` logs its own; anything else must not stop the thread
+                log.exception("lousho: an event write failed")
+            finally:
+                with self._lock:
+                    left = self._streams.pop(stream, 1) - 1
+                    if left:
+                        self._streams[stream] = left
+                    self._lock.notify_all()
 
 
 WRITES = OrderedWrites()

@@ -38,7 +38,7 @@ Messages of a transcript that a save rewrote (rare: a patched fork into the same
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -139,6 +139,7 @@ class RedisCheckpointStore:
         *,
         fence: tuple[str, str] | None = None,
         and_then: AndThen | None = None,
+        before: Callable[[Any], int] | None = None,
     ) -> Any:
         """Compare-and-set `checkpoint` as the session's latest (version must be stored + 1).
 
@@ -146,7 +147,9 @@ class RedisCheckpointStore:
         the same script, so a worker whose lease expired and was taken over writes nothing
         (`LeaseLostError`). The lease key must be one of the session's keys (`keys.session_key`).
         `and_then` (fenced saves only): a script of the caller's that runs in the same round trip,
-        only if the save did; its reply is returned.
+        only if the save did; its reply is returned. `before(pipeline) -> n`: queues n commands of the caller's
+        ahead of the save's script, in the same round trip; their replies are dropped (issue #34: a step's
+        pending events reach the session's stream just before its save, at no round trip of their own).
         """
         validate_session_id(session_id)
         if fence is not None and not fence[0].startswith(self.keys.session_key(session_id, "")):
@@ -168,15 +171,17 @@ class RedisCheckpointStore:
         with redis_errors(self.client, f"save session {session_id!r}"):
             if known is not None and known.version == checkpoint.version - 1:
                 keep = common_prefix(known.messages, checkpoint.messages)
-                reply, after = self._run_save(request, known.writer, keep)
-                if reply[0] == "resync":
+                reply, after = self._run_save(request, known.writer, keep, before)
+                if reply[0] == "resync":  # what `before` queued went with the first try
                     reply, after = self._run_save(request, "", 0)
             else:
-                reply, after = self._run_save(request, "", 0)
+                reply, after = self._run_save(request, "", 0, before)
         self._settle(session_id, checkpoint, writer_id, reply, fence)
         return after
 
-    def _run_save(self, request: _SaveRequest, expected: str, keep: int) -> tuple[list[Any], Any]:
+    def _run_save(
+        self, request: _SaveRequest, expected: str, keep: int, before: Callable[[Any], int] | None = None
+    ) -> tuple[list[Any], Any]:
         """One save script call; `expected=''` sends the whole transcript (the script dedups it)."""
         checkpoint, fence, and_then = request.checkpoint, request.fence, request.and_then
         first = keep if expected else 0
@@ -207,11 +212,11 @@ class RedisCheckpointStore:
         ]
         keys_sent, args_sent = self._wire(keys), self._wire(args)
         if and_then is None:
-            reply, acked = self.replica_ack.run(self.client, self._save, keys_sent, args_sent)
+            reply, acked = self.replica_ack.run(self.client, self._save, keys_sent, args_sent, before)
             after = None
         else:
             both, acked = self.replica_ack.run(
-                self.client, and_then.script, [*keys_sent, *and_then.keys], [*args_sent, *and_then.args]
+                self.client, and_then.script, [*keys_sent, *and_then.keys], [*args_sent, *and_then.args], before
             )
             reply, after = both[0], (both[1] if len(both) > 1 else None)
         reply = [text(part) if isinstance(part, bytes) else part for part in reply]

@@ -20,7 +20,7 @@ are then dropped); docs/topologies.md says what it costs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -53,19 +53,37 @@ class ReplicaAck:
     def on(self) -> bool:
         return self.min_replicas > 0
 
-    def run(self, client: redis.Redis, script: Script, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, int]:
+    def run(
+        self,
+        client: redis.Redis,
+        script: Script,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        before: Callable[[Any], int] | None = None,
+    ) -> tuple[Any, int]:
         """Run `script`, then (when on) `WAIT` on the same connection: its reply and the replicas that
-        confirmed (-1 when off). The caller decides with `check` whether its reply wrote anything."""
-        if not self.on:
+        confirmed (-1 when off). The caller decides with `check` whether its reply wrote anything.
+        `before`: queues commands of the caller's ahead of the script, in its round trip (returns how many; their
+        replies and errors are dropped: issue #34's events riding with a save)."""
+        if not self.on and before is None:
             return script(keys=keys, args=args), -1
         if is_cluster(client):  # the pipeline on the connection of the keys' primary: WAIT asks that node's replicas
             cluster = cast(Any, client)
             client = cluster.get_redis_connection(cluster.nodes_manager.get_node_from_slot(key_slot(str(keys[0]))))
         pipe = client.pipeline(transaction=False)
-        script(keys=keys, args=args, client=pipe)
-        pipe.wait(self.min_replicas, self.timeout_ms)
-        reply, acked = pipe.execute()
-        return reply, int(acked)
+        first = before(pipe) if before is not None else 0
+        # EVALSHA queued as a plain command: a Script on a pipeline costs a SCRIPT EXISTS round trip per execute
+        cast(Any, pipe).execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        if self.on:
+            pipe.wait(self.min_replicas, self.timeout_ms)
+        replies = pipe.execute(raise_on_error=False)[first:]
+        if isinstance(replies[0], redis.exceptions.NoScriptError):  # Redis restarted or flushed its scripts: load
+            client.script_load(script.script)  # it and run it again (what `before` queued is done already)
+            return self.run(client, script, keys, args)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies[0], (int(replies[1]) if self.on else -1)
 
     def check(self, client: redis.Redis, acked: int, what: str) -> None:
         """Raise `SaveNotReplicatedError` when `acked` (from `run`) is short of `min_replicas`."""

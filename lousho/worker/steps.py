@@ -106,6 +106,7 @@ class SessionSteps:
         note_session(self)  # this step's heartbeats refresh the session's slot (issue #29)
         fenced = self.step_end.fenced = FencedCheckpoints(self.runtime.store.checkpoints, lease)
         self.events.enabled = agent.stream_events  # off: no sink, so the provider is not streamed (issue #34)
+        fenced.before = self.events.ride_with_save if agent.stream_events else None
         return Run(
             agent=await self.runtime.resolve(agent, checkpoint.run_config),
             provider=fleet_provider(self.runtime, provider, self.session_id),  # fleet-wide rate limits (issue #29)
