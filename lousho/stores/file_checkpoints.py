@@ -262,13 +262,25 @@ class FileCheckpointStore:
         with self._folder.translate():
             names = self._folder.names(self._folder.checkpoints)
         if status is None:
-            return Listing(names)
+            return Listing(sorted(self._session_id_of(name) for name in names))
 
         def matching(name: str, _: object) -> str | None:
             checkpoint = self._read_head(name)
-            return name if checkpoint is not None and checkpoint.status == status else None
+            return checkpoint.session_id if checkpoint is not None and checkpoint.status == status else None
 
-        return read_each(((name, None) for name in names), matching, what="session")
+        listed = read_each(((name, None) for name in names), matching, what="session")
+        return Listing(sorted(listed), skipped={self._session_id_of(n): why for n, why in listed.skipped.items()})
+
+    def _session_id_of(self, name: str) -> str:
+        """The session a head file is for: its name, or for an id that is no safe file name (named by a hash,
+        `file_name`) the id its head holds, read without opening its sealed part."""
+        if not name.startswith("sha256-"):  # `file_name`'s hashed names (an id of that form holds itself too)
+            return name
+        with suppress(OSError, ValueError, AttributeError):
+            data = json.loads(read_file(self._path(name)) or b"")
+            if isinstance(data.get("session_id"), str):
+                return str(data["session_id"])
+        return name  # an unreadable head: listed by its file's name, as before
 
     def heads(self, session_ids: Sequence[str]) -> Listing[HeadFields]:
         """The plain head fields of each named session that has a checkpoint, in the order given, never opening a

@@ -112,3 +112,13 @@ def test_two_processes_never_both_win_a_version(tmp_path: Path) -> None:
     assert sum(wins) == 200 and store.checkpoints.load("s-shared").version == 201  # type: ignore[union-attr]
     with pytest.raises(CheckpointConflictError):
         store.checkpoints.save("s-shared", sample_checkpoint("s-shared", version=201))
+
+
+def test_sessions_lists_an_id_that_is_no_safe_file_name_by_the_id_not_its_files_hash(store: FileStore) -> None:
+    """A FileStore takes ids other stores refuse ('a/b c'), naming their files by a hash: the listing, by status
+    too, still says the id (`lousho reseal --all` and `lousho sessions` read it)."""
+    for session_id in ("plain", "a/b c"):
+        store.checkpoints.save(session_id, sample_checkpoint(session_id, status="in-progress", approval_id=None))
+    assert list(store.checkpoints.sessions()) == ["a/b c", "plain"]
+    assert list(store.checkpoints.sessions(status="in-progress")) == ["a/b c", "plain"]
+    assert store.checkpoints.load("a/b c") is not None

@@ -122,6 +122,17 @@ class VersionedStoreContract(StoreContractBase):
         self._conflicts(checkpoints, sample_checkpoint("s-cas", version=version, step=9, business_state="stale"))
         assert self.call(checkpoints.load("s-cas")) == current, "a refused save wrote something"
 
+    def test_sessions_lists_each_session_by_the_id_it_was_saved_under(self, checkpoints: Any) -> None:
+        """`sessions()` (optional) gives back the ids as saved, each character the session id rule allows
+        included, at its longest (200 characters)."""
+        if getattr(checkpoints, "sessions", None) is None:
+            pytest.skip("this store does not list sessions (it has no sessions() method)")
+        ids = ["s-plain", "_s.a:b@c=d+e-f", "L" * 200]
+        for session_id in ids:
+            self.call(checkpoints.save(session_id, sample_checkpoint(session_id, status="in-progress")))
+        assert sorted(Listing.of(self.call(checkpoints.sessions()))) == sorted(ids)
+        assert sorted(Listing.of(self.call(checkpoints.sessions(status="in-progress")))) == sorted(ids)
+
     def test_new_session_must_start_at_version_1(self, checkpoints: Any) -> None:
         self._conflicts(checkpoints, sample_checkpoint("s-new", version=3))
         assert self.call(checkpoints.load("s-new")) is None
