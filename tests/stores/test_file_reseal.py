@@ -50,6 +50,14 @@ def saves(session: str) -> list[Checkpoint]:
     return [first, second]
 
 
+def saved_plain(folder: Path, session: str = "s1") -> list[Checkpoint]:
+    """`saves(session)` saved without a codec (re-sealed, their lines grow longer); the checkpoints."""
+    saved = saves(session)
+    for checkpoint in saved:
+        FileStore(folder).checkpoints.save(session, checkpoint)
+    return saved
+
+
 def head_bytes(folder: Path) -> int:
     return int(json.loads((folder / "checkpoints" / "s1.json").read_bytes())["$store"]["b"])
 
@@ -62,9 +70,7 @@ def test_a_reseal_stopped_at_any_write_leaves_the_session_readable_and_a_second_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
 ) -> None:
     folder = tmp_path / "f"
-    saved = saves("s1")
-    for checkpoint in saved:
-        FileStore(folder).checkpoints.save("s1", checkpoint)  # plain: re-sealed lines are longer
+    saved = saved_plain(folder)
     with monkeypatch.context() as patch:
         crash_at(patch, point)
         with pytest.raises(Crash):
@@ -109,9 +115,7 @@ def test_deleting_or_pruning_a_session_a_reseal_stopped_in_removes_its_mark_with
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_history: bool
 ) -> None:
     folder = tmp_path / "f"
-    saved = saves("s1")
-    for checkpoint in saved:
-        FileStore(folder).checkpoints.save("s1", checkpoint)
+    saved = saved_plain(folder)
     with monkeypatch.context() as patch:
         crash_at(patch, "checkpoints")
         with pytest.raises(Crash):
