@@ -90,8 +90,9 @@ def events_key(store: RedisStore, session_id: str) -> str:
 
 
 CARRY_S = 0.01
-"""How long a task's last save event waits for the session's next step in the same process to write it (`close`):
-short beside a step on another worker, whose first write comes at least a flush interval after it starts."""
+"""How long a task's last save event waits for the session's next step in the same process to write it (`close`).
+Short: a next step on another worker may write first meanwhile (a tool call done within it; docs/fleet.md,
+"Order"), and the event's `version` orders the saves anyway."""
 
 OPENING_ID = "0-1"
 """The id of the entry that makes a stream (`open_stream`), deleted at once: no real entry has it."""
@@ -297,8 +298,8 @@ class EventWriter:
         """The task ends: what is pending goes to the writer thread, off the hop's path (issue #34's cost). A
         task's last save told alone is carried for `CARRY_S` first: a next step of the session in this process
         within that time writes it in its own first write, ahead of its events (a zero-latency hop then costs no
-        write of its own); else the writer thread writes it. A step on another worker comes after these in
-        practice (docs/fleet.md), not by guarantee."""
+        write of its own); else the writer thread writes it. A step on another worker usually comes after
+        these, not by guarantee (docs/fleet.md, "Order")."""
         pending = self._take()
         if not pending:
             return
