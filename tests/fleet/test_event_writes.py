@@ -8,7 +8,8 @@ import asyncio
 import time
 
 from lousho.checkpoint import Checkpoint
-from lousho.fleet.events import CARRY_S, WRITES, EventWriter, SessionEvent, events_key, open_session_stream
+from lousho.fleet.event_writes import WRITES
+from lousho.fleet.events import CARRY_S, EventWriter, SessionEvent, events_key, open_session_stream
 from lousho.messages import Message
 from lousho.stores.redis import RedisStore
 
