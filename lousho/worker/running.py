@@ -117,6 +117,13 @@ def name_connections(client: redis.Redis) -> None:
         return  # named already, at Celery's start of this process
     for option in options:
         option["client_name"] = name
+    for pool in pools:
+        # redis-py names a connection from the kwargs it was made with, also when it reconnects: the pool's
+        # existing ones are renamed here too, else a closed idle one opens again unnamed, and a process whose
+        # pool made no new one after this was taken for dead (a CI run under load: test_death_detection)
+        for connection in connections_of(pool):
+            if hasattr(connection, "client_name"):
+                connection.client_name = name
     for pool in pools:  # a connection another thread is using stays open, unnamed: one named one is enough
         if isinstance(pool, redis.BlockingConnectionPool):
             cast(Any, pool).disconnect()  # it cannot spare the ones in use (and its method is untyped)
@@ -126,6 +133,12 @@ def name_connections(client: redis.Redis) -> None:
     # is not up yet, the process is seen from its first command on.
     with contextlib.suppress(redis.RedisError):
         client.ping()
+
+
+def connections_of(pool: Any) -> list[Any]:
+    """Every connection a redis-py pool made, idle or in use (redis-py has no public way to list them)."""
+    made = [*getattr(pool, "_available_connections", []), *getattr(pool, "_in_use_connections", [])]
+    return made or list(getattr(pool, "_connections", []))  # a BlockingConnectionPool keeps one list
 
 
 def watch_processes(client: redis.Redis) -> None:

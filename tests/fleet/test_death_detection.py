@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 from pydantic import BaseModel
 
 from lousho import Agent, Message, ToolContext, define_tool
@@ -26,7 +28,7 @@ from lousho.scheduler import run_reaper
 from lousho.stores.redis import RedisStore
 from lousho.testing.fleet import FleetDriver
 from lousho.worker import FleetSettings
-from lousho.worker.running import HOST
+from lousho.worker.running import HOST, name_connections
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
 
@@ -256,6 +258,21 @@ def test_a_worker_killed_in_a_model_turn_has_its_session_asked_again_well_before
 
 class Nothing(BaseModel):
     pass
+
+
+@pytest.mark.parametrize("pool", ["plain", "blocking"])
+def test_naming_a_process_names_the_connections_its_pool_made_before(redis_url: str, pool: str) -> None:
+    """A process named after its pool made connections (a `FleetDriver`'s first task) is listed connected at once:
+    redis-py names a connection from the kwargs it was made with, also when it reconnects, so the pool's earlier
+    ones are renamed too (a CI run under load took such a process for dead: the next test)."""
+    maker = redis.BlockingConnectionPool if pool == "blocking" else redis.ConnectionPool
+    client = redis.Redis(connection_pool=maker.from_url(redis_url))
+    try:
+        client.ping()  # the pool's first connection, made unnamed
+        name_connections(client)
+        assert f"{HOST}|{os.getpid()}" in live_processes(client)[1]
+    finally:
+        client.close()
 
 
 def test_a_call_running_in_a_process_celery_never_started_is_never_taken_for_a_dead_processes_call(

@@ -63,6 +63,17 @@ def no_config() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LOUSHO_") and k != "REDIS_URL"}
 
 
+def assert_ran_again(call: str, out: str) -> None:
+    """The killed call ran again, with its result recorded once. At least twice, not exactly: a tool call is run at
+    least once, and on a loaded machine the second run's lease (2.5 s in the demo) may lapse too, so a third run
+    is as correct (a CI run under load saw it; issue #33)."""
+    ran = re.search(
+        rf"{call} ran (\d+) times in all, with the same tool_call_id, and its result was recorded once", out
+    )
+    assert ran, out[-4000:]
+    assert int(ran.group(1)) >= 2, ran.group(0)
+
+
 def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session(demo_run: DemoRun) -> None:
     done, out = demo_run.done, demo_run.out
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
@@ -77,7 +88,7 @@ def test_lousho_demo_kills_a_worker_recovers_and_finishes_every_session(demo_run
     recovered = re.search(rf"Recovered: {session}: the death sweep requeued it (\d+\.\d+)s after the kill", out)
     assert recovered, out[-4000:]  # the sweep, not the lease's TTL: the killed worker's connections closed (#32)
     assert re.search(rf"the death sweep requeued {session} \d+\.\d+s after the kill", out), out[-4000:]
-    assert f"{call} ran 2 times in all" in out
+    assert_ran_again(call, out)
     for city in ("Lisbon", "Oslo", "Rome"):
         assert f"Your day in {city}: sunny, lunch at Casa {city} (booked for 2)." in out
     assert "a human approved appr_" in out
@@ -142,4 +153,4 @@ def test_the_demo_tells_its_recovery_when_another_reaper_is_running(tmp_path: Pa
     assert re.search(
         rf"Recovered: {session}: (the death sweep requeued it \d+\.\d+s after the kill|another reaper)", out
     )
-    assert f"{call} ran 2 times in all" in out, out[-4000:]
+    assert_ran_again(call, out)
