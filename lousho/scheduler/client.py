@@ -22,6 +22,7 @@ from lousho.checkpoint import Checkpoint, Status, validate_session_id
 from lousho.engine import ModelTurn, next_step
 from lousho.errors import (
     AgentNotServedError,
+    CheckpointConflictError,
     ConfigurationError,
     InputTooLargeError,
     SDKError,
@@ -45,6 +46,9 @@ from lousho.stores.redis_common import redis_errors, text
 from lousho.telemetry.hooks import instrument_fleet
 
 __all__ = ["Client", "SessionStatus"]
+
+ENQUEUE_ATTEMPTS = 5
+"""How many times `Client.enqueue` loads and saves when a worker saves the session in between."""
 
 log = logging.getLogger("lousho.client")
 
@@ -107,26 +111,28 @@ class Client:
         `max_session_id_chars` raises `InputTooLargeError`, which names no part of it (issue #31)."""
         self._check_name_lengths(agent_name, session_id)
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
-        stored = self.store.checkpoints.load(session_id)
-        messages = validate_input(input, stored)  # before anything is written (issue #21)
-        self._check_input_size(messages)
         validate_business_state(business_state)  # before the session's epoch is written (issue #31)
-        queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
-        if stored is None:
-            checkpoint: Checkpoint | None = Checkpoint(
-                session_id=session_id, agent_name=agent_name, pending_input=messages, business_state=business_state
-            )
-        elif stored.status == "awaiting-approval":
-            raise SessionAwaitingApprovalError(session_id, stored.approval_id or "")
-        elif stored.status == "in-progress":
-            checkpoint = add_input_to_unfinished(stored, messages)
-        else:
-            checkpoint = continue_finished(stored, messages)
-        if checkpoint is None:
-            return session_id
-        if stored is None:
-            self.keys.new_incarnation(session_id)
-        self.store.checkpoints.save(session_id, checkpoint.model_copy(update={"version": checkpoint.version + 1}))
+        queue: str | None = None
+        for attempt in range(1, ENQUEUE_ATTEMPTS + 1):
+            stored = self.store.checkpoints.load(session_id)
+            messages = validate_input(input, stored)  # before anything is written (issue #21)
+            self._check_input_size(messages)
+            if attempt == 1:
+                queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
+            job = self._job_checkpoint(session_id, agent_name, stored, messages, business_state)
+            if job is None:
+                return session_id
+            checkpoint = job
+            if stored is None:
+                self.keys.new_incarnation(session_id)
+            try:
+                self.store.checkpoints.save(session_id, job.model_copy(update={"version": job.version + 1}))
+                break
+            except CheckpointConflictError:
+                # A worker saved the session between this load and this save (a step still running, a requeue's,
+                # an abort's wake-up): the input goes onto what it saved (a chaos run under load met it).
+                if attempt == ENQUEUE_ATTEMPTS:
+                    raise
         try:
             self._wake(session_id, checkpoint, queue, new=stored is None)
         except SDKError:
@@ -134,6 +140,22 @@ class Client:
         except (OperationalError, ValueError) as exc:  # kombu's: a refused message, an unreadable URL
             raise _broker_refused(str(self.app.conf.broker_url), session_id, exc) from None
         return session_id
+
+    @staticmethod
+    def _job_checkpoint(
+        session_id: str, agent_name: str, stored: Checkpoint | None, messages: list[Message], business_state: Any
+    ) -> Checkpoint | None:
+        """The checkpoint a job writes: a new session's record, or `stored` with the input added (None: a finished
+        session sent its own history again, nothing new to run)."""
+        if stored is None:
+            return Checkpoint(
+                session_id=session_id, agent_name=agent_name, pending_input=messages, business_state=business_state
+            )
+        if stored.status == "awaiting-approval":
+            raise SessionAwaitingApprovalError(session_id, stored.approval_id or "")
+        if stored.status == "in-progress":
+            return add_input_to_unfinished(stored, messages)
+        return continue_finished(stored, messages)
 
     def _check_name_lengths(self, agent_name: object, session_id: object) -> None:
         """Names over their limits refused before they are used, or shown in an error (issue #31)."""
