@@ -37,8 +37,7 @@ process the demo left running (a worker, the reaper) runs on past any bound, so 
 def alive(pid: int) -> bool:
     """Whether `pid` is a live process. A zombie waiting for its parent's wait() counts as ended, and so does a
     process with no memory left (an empty /proc/PID/cmdline): it is inside the kernel's exit and can never run
-    code again. Under a loaded CI run a SIGKILLed worker's pid stayed so, not yet a zombie, for over 30 s
-    (issue #33); only kernel threads have no memory otherwise, and none is below the demo."""
+    code again; only kernel threads have no memory otherwise, and none is below the demo."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         memory = Path(f"/proc/{pid}/cmdline").read_bytes()
