@@ -34,7 +34,10 @@ PER_PROCESS = pick(110, 300)
 """Sessions sent to each victim process: its first call is long, so all are in flight when the fault strikes."""
 HELD = pick(100, 250)
 """Calls in flight in a victim process when the fault strikes (at least)."""
-SLOTS = PER_PROCESS + 40
+SLOTS = 2 * PER_PROCESS + 40
+"""Slots per worker: the second victim takes the first one's sessions too (the reaper hands them over while it
+starts), and its own must all fit beside them, or its count of calls in flight depends on which the queue gave it
+first (a loaded CI run saw its sessions wait behind the first victim's re-runs and never reach `HELD` at once)."""
 LEASE_TTL_S = 2.0
 
 
