@@ -55,8 +55,12 @@ def tracking_hooks(client: redis.Redis, prefix: str) -> tuple[Callable[..., None
 
     def before_tool(call: ToolCall, ctx: ToolContext) -> None:
         entry = {"pid": os.getpid(), "session": ctx.session_id, "tool": call.name, "started": time.time()}
-        client.hset(running_key(prefix), call.id, json.dumps(entry))
-        client.hincrby(runs_key(prefix), call.id, 1)
+        # One MULTI: the demo kills a worker once it sees the call running, and a kill between two commands left a
+        # run uncounted ("ran 1 times in all" after a kill, seen in CI; issue #33).
+        pipe = client.pipeline(transaction=True)
+        pipe.hset(running_key(prefix), call.id, json.dumps(entry))
+        pipe.hincrby(runs_key(prefix), call.id, 1)
+        pipe.execute()
 
     def after_tool(call: ToolCall, result: Any) -> None:
         client.hdel(running_key(prefix), call.id)
