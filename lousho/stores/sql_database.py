@@ -8,7 +8,9 @@ which the first two refer to; see `lousho.stores.sql_checkpoints`) and `lousho_a
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -106,13 +108,32 @@ def _sqlite_listeners(engine: Engine, synchronous: str) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode = WAL")
+        _switch_to_wal(cursor)
         cursor.execute(f"PRAGMA synchronous = {synchronous}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    """`PRAGMA journal_mode = WAL`, retried while another connection holds the write lock.
+
+    On a file still in rollback mode the switch fails at once with "database is locked" when
+    another process is writing (creating the tables): SQLite does not call the busy handler
+    there, since that could deadlock. Once the file is in WAL the pragma takes no lock. Seen in
+    CI with three processes opening one fresh file (issue #33).
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 class SqlDatabase:

@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -179,6 +180,30 @@ WRITER = textwrap.dedent(
     print(wins)
     """
 )
+
+
+def test_a_new_sqlite_file_opened_while_another_connection_writes_it_waits_for_the_lock(tmp_path: Path) -> None:
+    """The switch to WAL on a file another connection is writing fails at once, busy timeout or not.
+
+    The store retries it until the writer is done (a CI run: three processes opening one new file).
+    """
+    db = tmp_path / "jobs.db"
+    writer = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE someone_elses (x)")
+    release = threading.Timer(0.5, writer.execute, args=("COMMIT",))
+    release.start()
+    store = SqliteStore(db)
+    try:
+        store.checkpoints.save("s", sample_checkpoint("s"))
+        assert store.checkpoints.load("s").version == 1  # type: ignore[union-attr]
+    finally:
+        store.close()
+        release.join()
+        writer.close()
+    with sqlite3.connect(db) as check:
+        assert check.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert check.execute("SELECT count(*) FROM someone_elses").fetchone() == (0,)
 
 
 @pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
