@@ -22,7 +22,7 @@ from lousho import Message
 from lousho.testing.workers import WorkerProcess, start_worker
 from tests.engine.helpers import assert_finished_with_every_result
 from tests.fleet.conftest import Fleet, tool_turn
-from tests.release.previous_release import Release, build_release
+from tests.release.previous_release import Release, shared_release
 
 pytestmark = [pytest.mark.workers, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ SESSIONS = [*RUNNING, *MID_ROLL, "slow", *PAUSED, "trip", CHILD]
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
-    release = build_release(tmp_path_factory.mktemp("previous-release"))
+    release = shared_release(tmp_path_factory)
     printed = subprocess.run([release.lousho, "--version"], capture_output=True, text=True, check=True).stdout
     assert printed.strip() == f"lousho {release.version}"  # the version it prints is the recorded one
     assert release.wheel.name.startswith(f"lousho-{release.version}-")  # and the wheel's

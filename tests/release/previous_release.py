@@ -1,15 +1,23 @@
 """The previous release, built and installed the way a user gets it (issue #35): its recorded commit
 (releases.toml) exported with `git archive` into a temporary folder, its wheel built there with
 `pip wheel --no-deps`, installed with its dependencies into a venv of its own. Nothing is written into
-the repository tree; the commit must be in the clone (it is a commit of main)."""
+the repository tree; the commit must be in the clone (it is a commit of main).
+
+`shared_release` builds it once per test run, for every test file and pytest-xdist process that asks (each build
+took 18-22 s in CI; issue #33)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,3 +68,25 @@ def build_release(folder: Path, recorded: dict[str, str] | None = None) -> Relea
     _run([sys.executable, "-m", "venv", str(venv)])
     _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)], cwd=folder)
     return Release(recorded["version"], commit, wheel, venv)
+
+
+def shared_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """The newest release with its `encryption` extra (`pip install 'lousho[encryption]'`), built once per run.
+
+    The first pytest process to ask builds it under a file lock in the run's temporary folder (shared by the
+    xdist processes); the others wait for the lock and find it built.
+    """
+    base = tmp_path_factory.getbasetemp()
+    run_folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    recorded = newest_release()
+    folder = run_folder / f"release-{recorded['version']}-{recorded['commit'][:12]}"
+    lock_file = run_folder / f"{folder.name}.lock"
+    with lock_file.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / "built").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed build in this run left
+            release = build_release(folder, recorded)
+            _run([release.python, "-m", "pip", "install", "-q", f"{release.wheel}[encryption]"], cwd=folder)
+            (folder / "built").write_text(release.wheel.name)
+        (wheel,) = (folder / "dist").glob("lousho-*-py3-none-any.whl")
+        return Release(recorded["version"], recorded["commit"], wheel, folder / "venv")

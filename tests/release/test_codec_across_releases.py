@@ -19,7 +19,7 @@ from lousho.errors import UnsealedValueError
 from lousho.operations import Target, reseal_sessions
 from lousho.stores.codec import PayloadCodec
 from lousho.stores.redis import RedisStore
-from tests.release.previous_release import Release, build_release
+from tests.release.previous_release import Release, shared_release
 from tests.stores.codecs import KEY_1
 
 pytestmark = pytest.mark.slow  # builds and installs the previous release's wheel
@@ -53,12 +53,7 @@ OLD_SIDE = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Release:
-    release = build_release(tmp_path_factory.mktemp("previous-release"))
-    # Its `encryption` extra, as a user with keys installs it: `pip install 'lousho[encryption]'`.
-    extra = subprocess.run(
-        [release.python, "-m", "pip", "install", "-q", f"{release.wheel}[encryption]"], capture_output=True, text=True
-    )
-    assert extra.returncode == 0, extra.stderr[-2000:]
+    release = shared_release(tmp_path_factory)  # with its `encryption` extra, as a user with keys installs it
     return release
 
 
