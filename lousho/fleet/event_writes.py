@@ -4,6 +4,7 @@ step in the process (`carry`). What is written and when is `lousho.fleet.events.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import functools
 import logging
@@ -31,8 +32,8 @@ class Carried:
 
 class OrderedWrites:
     """The process's event writes a task need not wait for (a timer's flush, a task's end), done by one writer
-    thread in the order they were submitted. A write a task does itself (`wait_for` first) comes after every
-    write of its session submitted before it, so a session's events from one process reach its stream in the
+    thread in the order they were submitted. A write that rides with a task's save (`settled` first) comes after
+    every write of its session submitted before it, so a session's events from one process reach its stream in the
     order they happened. The lock guards the queue, never a write: a task that submits never waits for Redis
     (issue #34's cost goal)."""
 
@@ -50,6 +51,8 @@ class OrderedWrites:
         """Stream key -> its writes queued or under way (`busy`): a session's, under its store's prefix."""
         self._carried: dict[str, Carried] = {}
         """Stream key -> events held back for its session's next write (`carry`)."""
+        self._settling: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        """Stream key -> the loops' futures of `settled` calls waiting for its writes to be done."""
 
     def submit(self, write: Callable[[], None], stream: str) -> None:
         """Queue `write` for the writer thread."""
@@ -90,15 +93,34 @@ class OrderedWrites:
 
     def busy(self, stream: str) -> bool:
         """Whether a write of the session is queued or under way. Read without the lock: only the session's own
-        task adds its writes, so a 'no' cannot turn stale, and a stale 'yes' costs a `wait_for`."""
+        task adds its writes, so a 'no' cannot turn stale, and a stale 'yes' costs a `settled`."""
         return stream in self._streams
 
-    def wait_for(self, stream: str, timeout_s: float = 10.0) -> None:
-        """Until the writer thread has done the session's writes (at most `timeout_s`: a stuck write, logged)."""
-        deadline = time.monotonic() + timeout_s
+    async def settled(self, stream: str, timeout_s: float = 10.0) -> None:
+        """Until the writer thread has done the session's writes (at most `timeout_s`: a stuck write), awaited:
+        the loop runs its other steps meanwhile. On lousho's pool one loop holds many sessions' steps, and a step
+        that blocked its loop here held them all (issue #29; the suspect of a loaded chaos run in which a worker
+        started none of 110 new sessions' calls in 60 s)."""
+        if stream not in self._streams:
+            return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
         with self._lock:
-            while stream in self._streams and (left := deadline - time.monotonic()) > 0:
-                self._lock.wait(left)
+            if stream not in self._streams:
+                return
+            self._settling.setdefault(stream, []).append((loop, done))
+        try:
+            await asyncio.wait_for(done, timeout_s)
+        except TimeoutError:
+            log.warning("lousho: the events of %r still not written after %.0f s; the save goes on", stream, timeout_s)
+
+    def _wake_settling(self, stream: str) -> None:
+        """The session's writes are done (the lock held): wake its `settled` callers, each on its own loop."""
+        for loop, done in self._settling.pop(stream, []):
+            try:
+                loop.call_soon_threadsafe(_resolve, done)
+            except RuntimeError:  # that loop is closed (its process stops): nobody waits any more
+                continue
 
     def drain(self, timeout_s: float = 5.0) -> None:
         """Until every write, held back or queued, is done, at most `timeout_s` (a process that ends: `atexit`)."""
@@ -142,7 +164,14 @@ class OrderedWrites:
                     left = self._streams.pop(stream, 1) - 1
                     if left:
                         self._streams[stream] = left
+                    else:
+                        self._wake_settling(stream)
                     self._lock.notify_all()
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():  # a `settled` that timed out has cancelled it
+        done.set_result(None)
 
 
 WRITES = OrderedWrites()

@@ -192,9 +192,9 @@ class EventWriter:
     def _flush_soon(self) -> None:
         wait_s = self.flush_interval_s - (time.monotonic() - self._last_write)
         if wait_s <= 0:
-            self.flush(wait=False)
+            self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(wait_s, functools.partial(self.flush, wait=False))
+            self._timer = asyncio.get_running_loop().call_later(wait_s, self.flush)
 
     def turn_started(self, turn: int, attempt: int, retry: int = 1) -> None:
         self.turn, self.attempt = turn, attempt
@@ -227,17 +227,14 @@ class EventWriter:
 
     # -- writing ----------------------------------------------------------------------
 
-    def flush(self, wait: bool = True) -> None:
-        """Write what is pending; `wait=False`: by the process's writer thread, off the step's path."""
+    def flush(self) -> None:
+        """Hand what is pending to the process's writer thread, behind the session's earlier writes: off the
+        step's path, and the loop never waits for it."""
         pending = self._take()
         if not pending:
             return
         self._last_write = time.monotonic()
-        if wait:
-            WRITES.wait_for(self.key)  # the session's earlier events first
-            self._write(pending)
-        else:
-            WRITES.submit(functools.partial(self._write, pending), self.key)
+        WRITES.submit(functools.partial(self._write, pending), self.key)
 
     def _take(self) -> list[dict[str, Any]]:
         """What is pending, after what an earlier task of the session carried (`close`), taken (none when events
@@ -248,12 +245,16 @@ class EventWriter:
         pending, self._pending = WRITES.take_carried(self.key) + self._pending, []
         return [] if self.enabled is False else pending
 
-    def ride_with_save(self) -> Callable[[Any], int] | None:
+    async def ride_with_save(self) -> Callable[[Any], int] | None:
         """What the step's next save queues ahead of its script on its pipeline: the pending events, which then
         reach the stream before the save, in its round trip (None: nothing to write). A session whose earlier
-        events the writer thread still writes has them written first (`OrderedWrites.busy`): order is kept."""
+        events the writer thread still writes has them written first (`OrderedWrites.settled`, awaited: the loop
+        runs other sessions' steps meanwhile): order is kept."""
         if WRITES.busy(self.key):
-            WRITES.wait_for(self.key)  # the session's earlier events reach the stream first
+            await WRITES.settled(self.key)  # the session's earlier events reach the stream first
+        if WRITES.busy(self.key):  # still not written (a stuck write): these go behind them, not beside them
+            self.flush()
+            return None
         pending = self._take()
         if not pending:
             return None

@@ -12,7 +12,7 @@ which would find the lease busy and drop it: tasks always go out after the relea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,12 @@ class FencedCheckpoints:
     """Set for the step's last save: the step's end runs in that save's round trip."""
     ended: list[Any] | None = None
     """What the end in a save replied (`scripts.sends`); None while no save ended the step."""
-    before: Callable[[], Callable[[Any], int] | None] | None = None
+    before: Callable[[], Awaitable[Callable[[Any], int] | None]] | None = None
     """What each save carries ahead of it (`EventWriter.ride_with_save`: the step's pending events)."""
 
-    def save(self, session_id: str, checkpoint: Checkpoint) -> None:
+    async def save(self, session_id: str, checkpoint: Checkpoint) -> None:
+        before = await self.before() if self.before is not None else None  # the step's pending events (issue #34)
         and_then, self.and_then = self.and_then, None
-        before = self.before() if self.before is not None else None  # the step's pending events (issue #34)
         fence = (self.lease.key, self.lease.token)
         reply = self.inner.save(session_id, checkpoint, fence=fence, and_then=and_then, before=before)
         if and_then is not None:

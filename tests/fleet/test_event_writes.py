@@ -5,6 +5,7 @@ session's next write in the process or written by the writer thread; a session's
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from lousho.checkpoint import Checkpoint
@@ -25,12 +26,14 @@ def stream(store: RedisStore, session: str) -> list[SessionEvent]:
     return [SessionEvent.from_entry(session, entry_id, fields) for entry_id, fields in entries]
 
 
-def test_events_pending_at_a_save_reach_the_stream_in_the_saves_round_trip_before_it(redis_store: RedisStore) -> None:
+async def test_events_pending_at_a_save_reach_the_stream_in_the_saves_round_trip_before_it(
+    redis_store: RedisStore,
+) -> None:
     open_session_stream(redis_store, "ride")
     events = writer(redis_store, "ride")
     events.turn_started(1, 1)
     events.add("tool-call-finished", data={"call_id": "c1"})
-    before = events.ride_with_save()
+    before = await events.ride_with_save()
     assert before is not None and stream(redis_store, "ride") == [], "nothing is written before the save"
 
     checkpoint = Checkpoint(session_id="ride", agent_name="a", version=1, messages=[Message.user("hi")])
@@ -38,10 +41,10 @@ def test_events_pending_at_a_save_reach_the_stream_in_the_saves_round_trip_befor
 
     assert [e.kind for e in stream(redis_store, "ride")] == ["turn-started", "tool-call-finished"]
     assert redis_store.checkpoints.load("ride") == checkpoint
-    assert events.ride_with_save() is None, "what rode is not written twice"
+    assert await events.ride_with_save() is None, "what rode is not written twice"
 
 
-def test_a_tasks_last_save_event_goes_ahead_of_the_next_tasks_events_in_the_same_process(
+async def test_a_tasks_last_save_event_goes_ahead_of_the_next_tasks_events_in_the_same_process(
     redis_store: RedisStore,
 ) -> None:
     open_session_stream(redis_store, "carry")
@@ -50,14 +53,14 @@ def test_a_tasks_last_save_event_goes_ahead_of_the_next_tasks_events_in_the_same
     first.close()  # carried: the next write of the session takes it
     second = writer(redis_store, "carry")
     second.turn_started(2, 1)
-    before = second.ride_with_save()
+    before = await second.ride_with_save()
     assert before is not None
     pipe = redis_store.client.pipeline(transaction=False)
     before(pipe)
     pipe.execute()
 
     assert [e.kind for e in stream(redis_store, "carry")] == ["checkpoint-saved", "turn-started"]
-    time.sleep(CARRY_S * 5)
+    await asyncio.sleep(CARRY_S * 5)
     assert len(stream(redis_store, "carry")) == 2, "a carried event taken by a ride is not written again"
 
 
@@ -94,10 +97,10 @@ async def test_a_sessions_events_keep_their_order_across_flushes_rides_and_ends(
     for task in range(20):
         events = writer(redis_store, "order")
         events.add("tool-call-started", data={"n": f"{task}-a"})
-        events.flush(wait=False)  # the writer thread's
+        events.flush()  # the writer thread's
         events.add("tool-call-finished", data={"n": f"{task}-b"})
         if task % 2:
-            before = events.ride_with_save()
+            before = await events.ride_with_save()
             assert before is not None
             pipe = redis_store.client.pipeline(transaction=False)
             before(pipe)
@@ -109,3 +112,27 @@ async def test_a_sessions_events_keep_their_order_across_flushes_rides_and_ends(
     WRITES.drain()
 
     assert [e.data["n"] for e in stream(redis_store, "order")] == told
+
+
+async def test_a_save_waiting_for_its_sessions_earlier_events_never_holds_the_loop(redis_store: RedisStore) -> None:
+    """On lousho's pool one event loop runs many sessions' steps: a save whose session's earlier events the writer
+    thread still writes waits for them (order is kept) without blocking the loop's other steps (issue #29)."""
+    open_session_stream(redis_store, "slow")
+    release = threading.Event()
+    WRITES.submit(lambda: release.wait(10), events_key(redis_store, "slow"))  # a write of the session under way
+    events = writer(redis_store, "slow")
+    events.add("tool-call-finished", data={"call_id": "c1"})
+    riding = asyncio.ensure_future(events.ride_with_save())
+
+    for _ in range(20):  # another session's step on the same loop goes on meanwhile
+        await asyncio.sleep(0.01)
+    assert WRITES.busy(events_key(redis_store, "slow")), "the loop went on while the earlier write was under way"
+    assert not riding.done(), "the save waits for the session's earlier write"
+    release.set()
+    before = await asyncio.wait_for(riding, 10)
+
+    assert before is not None, "once the earlier write is done, the events ride with the save"
+    pipe = redis_store.client.pipeline(transaction=False)
+    before(pipe)
+    pipe.execute()
+    assert [e.kind for e in stream(redis_store, "slow")] == ["tool-call-finished"]
