@@ -115,7 +115,23 @@ def decode_entry(entry: bytes | str) -> dict[str, Any]:
 
 
 class Channel(redis.Channel):
-    """kombu's Redis channel, taking in only what it can deliver: the rest is moved aside."""
+    """kombu's Redis channel, taking in only what it can deliver: the rest is moved aside; one redis-py client
+    for its commands."""
+
+    _sync_client: Any = None
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        """kombu makes a new redis-py client for every publish (each Celery task event), ack and queue-length read
+        (`conn_or_acquire`), and making one copies its table of ~200 response callbacks: 7% of a busy worker's
+        CPU on lousho's pool (issue #30's hop cost). The channel keeps one per connection pool instead; a client
+        takes a connection from its pool for each command, so the pool's threads share it as kombu's own
+        `client` property is shared. A new pool (kombu's reconnect) gets a new client."""
+        if asynchronous:
+            return super()._create_client(asynchronous=True)  # type: ignore[no-untyped-call]
+        pool = self.pool
+        if self._sync_client is None or self._sync_client.connection_pool is not pool:
+            self._sync_client = super()._create_client()  # type: ignore[no-untyped-call]
+        return self._sync_client
 
     def _brpop_read(self, **options: Any) -> bool:
         """kombu 5.7's `_brpop_read` (earlier kombus' without the re-auth flush), with `_take_in` where

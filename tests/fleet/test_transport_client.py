@@ -1,0 +1,45 @@
+"""lousho's kombu channel keeps one redis-py client for its commands (lousho/worker/transport.py, issue #30): kombu
+made a client for every publish, ack and queue read, most of a small command's cost on a busy worker."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import redis
+
+from lousho.worker import broker_url
+from lousho.worker.transport import Connection
+
+
+def test_a_channel_makes_one_client_for_its_commands_and_a_new_one_for_a_new_pool(redis_url: str) -> None:
+    with Connection(broker_url(redis_url)) as connection:
+        channel = connection.default_channel
+        first = channel._create_client()
+        assert channel._create_client() is first, "every publish and ack shares the channel's client"
+        channel._pool = None  # kombu's reconnect drops the pool
+        assert channel._create_client() is not first, "a new pool gets a new client"
+
+
+def test_messages_published_from_many_threads_through_one_channel_all_arrive(
+    redis_url: str, redis_client: redis.Redis
+) -> None:
+    queue = f"lousho-test-transport-{uuid.uuid4().hex[:8]}"
+    with Connection(broker_url(redis_url)) as connection:
+        channel = connection.default_channel
+        sent = [f"{n}-{m}" for n in range(8) for m in range(50)]
+
+        def publish(n: int) -> None:
+            for m in range(50):
+                channel._put(queue, {"body": f"{n}-{m}", "properties": {"delivery_tag": f"{n}-{m}"}})
+
+        threads = [threading.Thread(target=publish, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        try:
+            received = [channel._get(queue)["body"] for _ in sent]
+        finally:
+            redis_client.delete(queue)
+    assert sorted(received) == sorted(sent)
