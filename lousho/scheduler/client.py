@@ -31,7 +31,7 @@ from lousho.errors import (
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
-from lousho.fleet.events import open_session_stream
+from lousho.fleet.events import events_key, open_session_stream, open_stream
 from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
@@ -218,15 +218,19 @@ class Client:
             log.warning("%s", error)
 
     def _wake(self, session_id: str, checkpoint: Checkpoint, queue: str | None, *, new: bool = False) -> None:
-        """Open the session's live-event stream (issue #34), clear its abort and parked marks (`new`: a new
-        incarnation cleared them already, in the same transaction as its epoch: nothing to do), then send its step."""
-        open_session_stream(self.store, session_id)  # where its workers write its live events (issue #34)
-        if not new:  # one round trip for both (issue #30)
-            with redis_errors(self.store.client, f"clear the abort and parked marks of {session_id!r}"):
-                pipe = self.store.client.pipeline(transaction=False)
+        """Open the session's live-event stream (issue #34) and clear its abort and parked marks, in one round trip
+        (issue #30; `new`: a new incarnation did both already, in the same transaction as its epoch), then send its
+        step."""
+        if not new:
+            with redis_errors(self.store.client, f"open the event stream and clear the marks of {session_id!r}"):
+                pipe = self.store.client.pipeline(transaction=True)
+                open_stream(pipe, events_key(self.store, session_id), self.store.ttl_s)
                 pipe.delete(self.keys.abort(session_id))
                 pipe.hdel(self.keys.parked_of(session_id), session_id)
-                pipe.execute()
+                replies = pipe.execute(raise_on_error=False)  # the XADD's refusal of a stream that exists is the point
+                for reply in replies[-2:]:
+                    if isinstance(reply, Exception):
+                        raise reply
         if queue is None:  # ahead of the workers, with no queue named: the reaper sends it (issue #15)
             return
         if not checkpoint.messages or isinstance(next_step(checkpoint, 10**9), ModelTurn):
