@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from lousho.errors import InvalidProviderAnswerError, ProviderError
 from lousho.messages import unencodable_text
-from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, RetryPolicy, StreamingProvider
+from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, RetryPolicy, StreamingProvider, can_stream
 
 __all__ = ["OnDelta", "OnRetry", "ask_model", "check_storable"]
 
@@ -47,7 +47,7 @@ async def ask_model(
     attempt = 1
     while True:
         try:
-            if on_delta is not None and isinstance(provider, StreamingProvider):
+            if on_delta is not None and can_stream(provider):
                 response = await _stream(provider, request, on_delta)
             else:
                 response = await provider.generate(request)

@@ -39,7 +39,7 @@ from lousho.fleet.limits import (
     slot_queue_key,
     slot_waiting_key,
 )
-from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, StreamingProvider
+from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, StreamingProvider, can_stream
 from lousho.stores.redis_common import load_script, redis_errors
 
 if TYPE_CHECKING:
@@ -187,7 +187,7 @@ class FleetStreamingProvider(FleetProvider):
 
 def fleet_provider(runtime: FleetRuntime, provider: LLMProvider, session_id: str) -> FleetProvider:
     """The provider a model turn of `session_id` asks on the fleet (issue #29)."""
-    if isinstance(provider, StreamingProvider):
+    if can_stream(provider):
         return FleetStreamingProvider(provider, runtime, session_id)
     return FleetProvider(provider, runtime, session_id)
 
