@@ -2,13 +2,15 @@
 model turn (1 s), on at most 2 worker processes, against bare Celery tasks with the same sleeps chained the same
 way on Celery's threads pool: same broker, same Celery settings, same slots per process, in the same run.
 
-    python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--out DIR]
+    python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--model-s 1.0] [--tool-s 0.5] [--out DIR]
 
 Reports, per N and side: the wall time from the first enqueue to the last session's end, the most calls in
 flight in one process (counted by each process as its tasks start and end: `task_prerun`/`task_postrun`), and
 memory per in-flight session (the growth of each process's RSS over its idle RSS, divided by the calls it held
 at that moment, taken at the sample with the most in flight). Writes DIR/concurrency.md and DIR/concurrency.json
-(default docs/bench; `--quick`: docs/bench/quick, N = 100 only).
+(default docs/bench; `--quick`: docs/bench/quick, N = 100 only). `--model-s` and `--tool-s` set the sleeps (models
+that take 10 s are common: then the work in flight beats its leases, which 1 s turns never do; such a run writes
+concurrency-<model_s>s.md and .json).
 """
 
 from __future__ import annotations
@@ -93,10 +95,19 @@ class Sampler:
         self._thread.join()
 
 
-def measure(url: str, side: str, sessions: int, log_dir: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Sleeps:
+    """How long each model turn and the tool call of a session take (`bench.waiting_app`)."""
+
+    model_s: float = 1.0
+    tool_s: float = 0.5
+
+
+def measure(url: str, side: str, sessions: int, log_dir: str, sleeps: Sleeps = Sleeps()) -> dict[str, Any]:
     app_spec, pool = SIDES[side]
     prefix, queue = f"lousho-bench-{uuid.uuid4().hex[:8]}:", f"lousho-bench-wait-{uuid.uuid4().hex[:8]}"
     env = {"LOUSHO_BENCH_REDIS": url, "LOUSHO_BENCH_PREFIX": prefix, "LOUSHO_BENCH_QUEUE": queue,
+           "LOUSHO_BENCH_MODEL_S": str(sleeps.model_s), "LOUSHO_BENCH_TOOL_S": str(sleeps.tool_s),
            "PYTHONPATH": str(ROOT)}  # fmt: skip
     slots = math.ceil(sessions / PROCESSES)
     client = redis.Redis.from_url(url)
@@ -198,16 +209,19 @@ def markdown(results: dict[str, Any]) -> str:
 def section(found: dict[str, Any]) -> list[str]:
     """The table, for this file's page and `python -m bench`'s."""
     lines = [
-        f"Each session: a model turn (1 s), a tool call (0.5 s), a model turn (1 s). {found['processes']} worker "
+        f"Each session: a model turn ({found.get('model_s', 1.0):g} s), a tool call ({found.get('tool_s', 0.5):g} s), "
+        f"a model turn ({found.get('model_s', 1.0):g} s). {found['processes']} worker "
         "processes on each side, each with as many slots as half the sessions. The floor: bare Celery tasks with the "
         "same sleeps, chained the same way, on `-P threads`, same broker and settings. Most in flight: counted by "
         "each process as its tasks start and end. KB per in-flight session: a process's RSS growth over its idle "
-        "RSS, divided by the calls it held then, at its busiest moment.",
+        "RSS, divided by the calls it held then, at its busiest moment. CPU and Redis commands a session: the "
+        "workers' CPU time and Redis's processed commands (a script counts once) over the run, divided by the sessions.",
         "",
         "| sessions | lousho wall | floor wall | ratio (goal <= 1.0) | lousho most in flight / process "
         "| floor most in flight / process | lousho KB / in-flight session | floor KB / in-flight session "
-        "| ratio (goal <= 0.5) | finished (lousho / floor) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ratio (goal <= 0.5) | finished (lousho / floor) | worker CPU ms / session (lousho / floor) "
+        "| Redis commands / session (lousho / floor) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in found["rows"]:
         ours, floor = row["lousho"], row["floor"]
@@ -215,7 +229,9 @@ def section(found: dict[str, Any]) -> list[str]:
             f"| {row['sessions']} | {ours['wall_s']:.2f} s | {floor['wall_s']:.2f} s "
             f"| {ours['wall_s'] / floor['wall_s']:.2f} | {ours['most_in_flight']} | {floor['most_in_flight']} "
             f"| {_kb(ours['kb_per_session'])} | {_kb(floor['kb_per_session'])} | {_memory_ratio(row)} "
-            f"| {ours['finished']} / {floor['finished']} |"
+            f"| {ours['finished']} / {floor['finished']} "
+            f"| {ours['worker_cpu_ms_per_session']:.1f} / {floor['worker_cpu_ms_per_session']:.1f} "
+            f"| {ours['redis_commands_per_session']:.0f} / {floor['redis_commands_per_session']:.0f} |"
         )
     return [*lines, ""]
 
@@ -229,34 +245,38 @@ def _kb(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "n/a"
 
 
-def run(url: str, sizes: tuple[int, ...]) -> dict[str, Any]:
+def run(url: str, sizes: tuple[int, ...], sleeps: Sleeps = Sleeps()) -> dict[str, Any]:
     """Both sides at each size, the floor first; the section `python -m bench` keeps as "concurrency"."""
     log_dir = tempfile.mkdtemp(prefix="lousho-bench-")
     rows: list[dict[str, Any]] = []
     for sessions in sizes:
         row: dict[str, Any] = {"sessions": sessions}
         for side in ("floor", "lousho"):
-            row[side] = measure(url, side, sessions, log_dir)
+            row[side] = measure(url, side, sessions, log_dir, sleeps)
             print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
                   f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
         rows.append(row)
-    return {"processes": PROCESSES, "rows": rows}
+    return {"processes": PROCESSES, "rows": rows, "model_s": sleeps.model_s, "tool_s": sleeps.tool_s}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N = 100 only; writes docs/bench/quick")
     parser.add_argument("--sizes", default=None, help="comma-separated session counts (default 100,1000,5000)")
+    parser.add_argument("--model-s", type=float, default=1.0, help="each model turn's latency (default 1.0)")
+    parser.add_argument("--tool-s", type=float, default=0.5, help="the tool call's sleep (default 0.5)")
     parser.add_argument("--out", default=None)
     options = parser.parse_args()
     sizes = tuple(int(s) for s in (options.sizes or ("100" if options.quick else "100,1000,5000")).split(","))
     out = Path(options.out or (ROOT / "docs" / "bench" / ("quick" if options.quick else "")))
     out.mkdir(parents=True, exist_ok=True)
+    sleeps = Sleeps(model_s=options.model_s, tool_s=options.tool_s)
     with redis_target() as (url, _where):
-        section = run(url, sizes)
+        section = run(url, sizes, sleeps)
     results = {"mode": "quick" if options.quick else "full", "machine": machine(), "revision": revision(), **section}
-    (out / "concurrency.json").write_text(json.dumps(results, indent=2))
-    (out / "concurrency.md").write_text(markdown(results))
+    name = "concurrency" if sleeps == Sleeps() else f"concurrency-{sleeps.model_s:g}s"
+    (out / f"{name}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{name}.md").write_text(markdown(results))
     print(markdown(results))
 
 

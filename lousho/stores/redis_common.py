@@ -22,7 +22,7 @@ from lousho.formats import SCRIPT_PROTOCOL
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
 from lousho.stores.redis_slots import group_slots, group_tag, group_tags, key_slot, shard_tags, slot_group, slot_tag
 
-__all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "text"]
+__all__ = ["RedisKeys", "connect", "describe", "load_script", "redis_errors", "run_script_many", "text"]
 
 
 @dataclass(frozen=True)
@@ -241,6 +241,21 @@ def load_script(client: redis.Redis, name: str) -> Script:
     for part in parts:
         _check_protocol(part)
     return client.register_script("\n".join(_script_source(part) for part in parts))
+
+
+def run_script_many(client: Any, script: Script, calls: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> list[Any]:
+    """Run `script` once per `(keys, args)` of `calls`, in one pipeline (one round trip on one Redis, one per node on
+    a Cluster); each call's reply, or its error, in order. NOSCRIPT (a Redis restarted or flushed meanwhile) loads
+    the script and sends them all again: only for scripts that may run twice (issue #29's heartbeats)."""
+    for _ in range(2):
+        pipe = client.pipeline(transaction=False)
+        for keys, args in calls:  # EVALSHA as a plain command: a Script on a pipeline costs a SCRIPT EXISTS
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        if not any(isinstance(reply, redis.exceptions.NoScriptError) for reply in replies):
+            break
+        client.script_load(script.script)
+    return replies
 
 
 def _check_protocol(part: str) -> None:

@@ -1,70 +1,167 @@
 """Heartbeats: while work runs, extend its lease, push the session's in-flight deadline, and
-watch the session's abort flag (so a running tool's `ctx.signal` fires on `Client.abort`)."""
+watch the session's abort flag (so a running tool's `ctx.signal` fires on `Client.abort`).
+
+Each piece of work in flight (a step, a tool call's run) beats on its own lease, as before; what is
+shared is the trip to Redis (issue #29). One `Heart` per event loop wakes four times a heartbeat
+interval and sends the beats then due, each one script (lua/heartbeat.lua), in one pipeline: a
+worker holding hundreds of calls whose models take seconds sent five round trips per call per
+beat, most of its Redis work. A beat is due `heartbeat_s * 3/4` after the last, so beats of one
+piece of work come between 3/4 and 1 heartbeat interval apart, as one timer per piece came every 1.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.commands.core import Script
 
 from lousho.abort import AbortSignal
 from lousho.errors import StoreUnavailableError
-from lousho.stores.redis_common import redis_errors
+from lousho.stores.redis_common import load_script, redis_errors, run_script_many
 from lousho.worker.leases import Lease
-from lousho.worker.limits import touch_slot
+from lousho.worker.limits import touch_slots
 from lousho.worker.runtime import FleetRuntime
 
-__all__ = ["heartbeat"]
+__all__ = ["Beating", "Heart", "beat", "heartbeat"]
 
 log = logging.getLogger("lousho.worker")
 
+TICKS_PER_BEAT = 4
+"""How often a heart wakes per heartbeat interval: the beats it sends are late by at most one tick."""
 
-def _beat(runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None) -> None:
-    if not lease.held:  # released already (a save that ended the step): the work is over
+
+@dataclass(eq=False)
+class Beating:
+    """One piece of work in flight: whose lease its beats extend, and whose abort they watch."""
+
+    session_id: str
+    lease: Lease
+    signal: AbortSignal
+    entry: str | None = None
+    """A tool call's run: its entry in the running index, which each beat marks alive (worker/running.py)."""
+    last_s: float = field(default_factory=time.monotonic)
+    """`time.monotonic()` when it began, or was last beaten."""
+
+
+def beat(runtime: FleetRuntime, beating: list[Beating]) -> None:
+    """Beat each of `beating` in one round trip: extend, push, mark and read (lua/heartbeat.lua); the held slots
+    of the ones still ours are pushed too (issue #29). A Redis error is logged: the next beat tries again, and
+    Redis may come back before the leases expire."""
+    beating = [b for b in beating if b.lease.held]  # released already (a save that ended the step): work over
+    if not beating:
         return
+    started = time.monotonic()
     try:
-        if not lease.extend():
-            # Another worker took over (this one was stopped past its lease): the session's deadline is
-            # theirs to push; a touch from here could put a session they finished back in flight.
-            log.warning("lost the lease %s; a save by this worker will be refused", lease.key)
-            return
-        runtime.inflight.touch(session_id)
-        touch_slot(runtime, session_id)  # the session's slot among its agent's in flight (issue #29)
-        if entry is not None:  # a tool call's run: still alive (worker/running.py)
-            with redis_errors(runtime.store.client, "update the fleet's running index"):
-                now_ms = runtime.inflight.server_time_ms()
-                runtime.store.client.zadd(runtime.keys.running_of(session_id), {entry: now_ms}, xx=True)
-        with redis_errors(runtime.store.client, f"read the abort flag of {session_id!r}"):
-            aborted = runtime.store.client.exists(runtime.keys.abort(session_id))
-        if aborted:
-            signal.abort("aborted by Client.abort()")
-    except StoreUnavailableError as exc:  # keep beating: Redis may come back before the lease expires
-        log.warning("heartbeat for %s failed: %s", session_id, exc)
+        replies = _run_beats(runtime, beating)
+    except StoreUnavailableError as exc:
+        log.warning("heartbeat of %d pieces of work failed: %s", len(beating), exc)
+        return
+    ours: list[str] = []
+    for item, reply in zip(beating, replies, strict=True):
+        item.last_s = started
+        if isinstance(reply, Exception):
+            log.warning("heartbeat for %s failed: %s", item.session_id, reply)
+        elif int(reply) < 0:
+            # Another worker took over (this one was stopped past its lease): the session's deadline is theirs
+            # to push; a touch from here could put a session they finished back in flight.
+            item.lease.held = False
+            log.warning("lost the lease %s; a save by this worker will be refused", item.lease.key)
+        else:
+            item.lease.confirmed_at = started
+            ours.append(item.session_id)
+            if int(reply) == 1:
+                item.signal.abort("aborted by Client.abort()")
+    try:
+        touch_slots(runtime, ours)  # the sessions' slots among their agents' in flight (issue #29)
+    except StoreUnavailableError as exc:
+        log.warning("heartbeat of the sessions' slots failed: %s", exc)
+
+
+def _run_beats(runtime: FleetRuntime, beating: list[Beating]) -> list[Any]:
+    """Each beat's reply (or its error), in order: one script per beat, in one round trip."""
+    client, keys, deadline_ms = runtime.store.client, runtime.keys, runtime.inflight.deadline_ms
+    calls = [
+        (
+            (
+                item.lease.key,
+                runtime.store.keys.inflight_of(item.session_id),
+                keys.running_of(item.session_id),
+                keys.abort(item.session_id),
+            ),
+            (item.lease.token, item.lease.ttl_ms, item.session_id, deadline_ms, item.entry or ""),
+        )
+        for item in beating
+    ]
+    with redis_errors(client, f"send the heartbeats of {len(beating)} pieces of work"):
+        return run_script_many(client, _script(client), calls)
+
+
+@functools.lru_cache(maxsize=32)
+def _script(client: redis.Redis) -> Script:
+    """One Script object per client: it hashes the source once."""
+    return load_script(client, "lousho.worker:heartbeat")
+
+
+class Heart:
+    """The beats of the work in flight on one event loop (see the module's docstring). Used from its loop's
+    thread only; its timer runs only while something beats."""
+
+    def __init__(self, runtime: FleetRuntime, loop: asyncio.AbstractEventLoop) -> None:
+        self.runtime = runtime
+        self.loop = loop
+        self.beating: set[Beating] = set()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, item: Beating) -> None:
+        self.beating.add(item)
+        if self._timer is None:
+            self._timer = self.loop.call_later(self._tick_s, self._tick)
+
+    def remove(self, item: Beating) -> None:
+        self.beating.discard(item)
+
+    @property
+    def _tick_s(self) -> float:
+        return self.runtime.settings.heartbeat_s / TICKS_PER_BEAT
+
+    def _tick(self) -> None:
+        self._timer = None
+        try:
+            due_before = time.monotonic() - self.runtime.settings.heartbeat_s * (TICKS_PER_BEAT - 1) / TICKS_PER_BEAT
+            beat(self.runtime, [item for item in self.beating if item.last_s <= due_before])
+        finally:  # whatever a beat raised, the next one still comes
+            if self.beating:
+                self._timer = self.loop.call_later(self._tick_s, self._tick)
+
+
+def heart_of(runtime: FleetRuntime, loop: asyncio.AbstractEventLoop) -> Heart:
+    """The heart of `loop` (one per loop and runtime: on lousho's pool each of the process's loops has one)."""
+    heart: Heart | None = runtime.hearts.get(loop)
+    if heart is None:
+        heart = runtime.hearts[loop] = Heart(runtime, loop)
+    return heart
 
 
 @contextlib.asynccontextmanager
 async def heartbeat(
     runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None = None
 ) -> AsyncIterator[None]:
-    """Beat every `heartbeat_s` for as long as the body runs (`entry`: a tool call's run, whose score in
-    the running index each beat pushes to now).
+    """Beat every `heartbeat_s` (at most; at least 3/4 of it) for as long as the body runs (`entry`: a tool
+    call's run, whose score in the running index each beat pushes to now).
 
-    A timer on the event loop, not a task: most steps end long before the first beat, and a
-    timer costs nothing to cancel, where a task costs loop iterations to start and cancel on
-    every step (issue #9). The beat's Redis calls are blocking either way."""
-    loop = asyncio.get_running_loop()
-    timer: asyncio.TimerHandle | None = None
-
-    def beat() -> None:
-        nonlocal timer
-        try:
-            _beat(runtime, session_id, lease, signal, entry)
-        finally:  # whatever a beat raised, the next one still comes
-            timer = loop.call_later(runtime.settings.heartbeat_s, beat)
-
-    timer = loop.call_later(runtime.settings.heartbeat_s, beat)
+    Joining the loop's heart costs nothing on a step that ends before its first beat, as most do (issue #9)."""
+    heart = heart_of(runtime, asyncio.get_running_loop())
+    item = Beating(session_id, lease, signal, entry)
+    heart.add(item)
     try:
         yield
     finally:
-        timer.cancel()
+        heart.remove(item)

@@ -40,7 +40,7 @@ from lousho.fleet.limits import (
     slot_waiting_key,
 )
 from lousho.providers.base import LLMProvider, ModelRequest, ModelResponse, StreamingProvider, can_stream
-from lousho.stores.redis_common import load_script, redis_errors
+from lousho.stores.redis_common import load_script, redis_errors, run_script_many
 
 if TYPE_CHECKING:
     from lousho.worker.runtime import FleetRuntime
@@ -53,7 +53,7 @@ __all__ = [
     "note_session",
     "settle_slot",
     "take_slot",
-    "touch_slot",
+    "touch_slots",
     "wait_for_slot",
 ]
 
@@ -232,7 +232,7 @@ def _remember(session_id: str, key: str) -> None:
 
 def note_session(steps: SessionSteps) -> None:
     """This process works on the session now (a model turn, a tool call): its heartbeats refresh the session's
-    slot, if it holds one (`touch_slot` never takes one)."""
+    slot, if it holds one (`touch_slots` never takes one)."""
     slots = _slots_of(steps)
     if slots is not None:
         _remember(steps.session_id, slots[1])
@@ -274,10 +274,16 @@ def settle_slot(steps: SessionSteps, outcome: str | None) -> None:
         log.warning("%s", exc)
 
 
-def touch_slot(runtime: FleetRuntime, session_id: str) -> None:
-    """A heartbeat of the session's work: push its slot's expiry, if this process took one for it."""
-    key = _held.get(session_id)
-    if key is not None:
-        with redis_errors(runtime.store.client, f"refresh the slot of session {session_id!r}"):
-            args: list[str | int] = [session_id, runtime.limits.slot_ttl_ms]
-            _script(runtime.store.client, "slot_touch")(keys=[key], args=args)
+def touch_slots(runtime: FleetRuntime, session_ids: list[str]) -> None:
+    """A heartbeat of the sessions' work: push the expiry of each slot this process took for one, in one round
+    trip (worker/heartbeat.py)."""
+    held = [(session_id, key) for session_id in session_ids if (key := _held.get(session_id)) is not None]
+    if not held:
+        return
+    client = runtime.store.client
+    calls = [((key,), (session_id, runtime.limits.slot_ttl_ms)) for session_id, key in held]
+    with redis_errors(client, f"refresh the slots of {len(held)} sessions"):
+        replies = run_script_many(client, _script(client, "slot_touch"), calls)
+    for (session_id, _), reply in zip(held, replies, strict=True):
+        if isinstance(reply, Exception):
+            log.warning("refreshing the slot of session %r failed: %s", session_id, reply)

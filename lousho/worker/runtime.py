@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import os
 import threading
+import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -70,6 +71,8 @@ class FleetRuntime:
     """This thread's event loop, on Celery's pools (`run`)."""
     _made: list[asyncio.AbstractEventLoop] = field(default_factory=list)
     """Every loop made, to close (`close`)."""
+    hearts: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = field(default_factory=weakref.WeakKeyDictionary)
+    """Each event loop's heart, which beats the work in flight on it (worker/heartbeat.py, issue #29)."""
     _named_pid: int = 0
     _resolved: dict[str, ResolvedAgent] = field(default_factory=dict)
 

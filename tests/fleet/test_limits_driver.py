@@ -29,7 +29,7 @@ from lousho.testing import FleetDriver
 from lousho.testing.fleet import SentTask
 from lousho.worker import FleetSettings
 from lousho.worker import limits as limits_module
-from lousho.worker.limits import touch_slot
+from lousho.worker.limits import touch_slots
 
 
 class Note(BaseModel):
@@ -144,7 +144,7 @@ def test_a_heartbeat_pushes_the_expiry_of_the_slot_its_session_holds(driver: Fle
     assert first is not None
     while server_ms(client) <= first - 500:  # until Redis's clock has moved on since the slot was taken
         time.sleep(0.01)
-    touch_slot(driver.worker("w1").lousho_runtime, "A")  # what `heartbeat` does at each beat
+    touch_slots(driver.worker("w1").lousho_runtime, ["A"])  # what `heartbeat` does at each beat
     second = client.zscore(slots, "A")
     assert second is not None and second > first
 

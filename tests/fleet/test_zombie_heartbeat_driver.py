@@ -17,7 +17,7 @@ from lousho.fleet.dispatch import send_advance
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.redis import RedisStore
 from lousho.testing.fleet import FleetDriver
-from lousho.worker.heartbeat import _beat
+from lousho.worker.heartbeat import Beating, beat
 from lousho.worker.leases import Lease
 
 
@@ -54,7 +54,7 @@ def test_a_zombies_late_heartbeat_does_not_put_a_finished_session_back_in_flight
     runtime = driver.worker("w1").lousho_runtime
     zombie = Lease(driver.store.client, FleetKeys(driver.store).lease(session), 60_000, held=True)  # taken over
 
-    _beat(runtime, session, zombie, AbortSignal(), None)
+    beat(runtime, [Beating(session, zombie, AbortSignal())])
 
     assert zombie.held is False
     assert driver.store.client.zscore(driver.store.keys.inflight, session) is None

@@ -3,39 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
 from lousho.fleet.settings import FleetSettings
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
-
-
-def round_trips(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """Every packet the store's client sends from now on (a command, or a pipeline of them): one per round trip."""
-    sent: list[bytes] = []
-    pool = store.client.connection_pool
-    get_connection = pool.get_connection
-
-    wrapped: set[int] = set()
-
-    def counted_connection(*args: Any, **kwargs: Any) -> Any:
-        connection = get_connection(*args, **kwargs)
-        if id(connection) in wrapped:
-            return connection
-        wrapped.add(id(connection))
-        send = connection.send_packed_command
-
-        def send_counted(command: Any, *more: Any, **options: Any) -> Any:
-            sent.append(b"".join(command) if isinstance(command, list) else command)
-            return send(command, *more, **options)
-
-        monkeypatch.setattr(connection, "send_packed_command", send_counted)
-        return connection
-
-    monkeypatch.setattr(pool, "get_connection", counted_connection)
-    return sent
+from tests.fixtures.round_trips import round_trips
 
 
 def test_enqueue_takes_four_round_trips_to_the_store_for_a_new_session_or_an_existing_one(

@@ -29,7 +29,7 @@ from lousho.stores.redis import RedisStore
 from lousho.stores.redis_slots import key_slot
 from lousho.testing.redis_cluster import RedisClusterNodes
 from lousho.worker import FleetSettings
-from lousho.worker.limits import fleet_provider, settle_slot, take_slot, touch_slot
+from lousho.worker.limits import fleet_provider, settle_slot, take_slot, touch_slots
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.steps import SessionSteps
 from tests.topologies.cluster_fleet import require_cluster_binaries
@@ -79,7 +79,7 @@ def test_each_limit_lives_in_one_slot_and_its_scripts_run_on_a_cluster(cluster: 
     steps, other = SessionSteps(runtime, "s1"), SessionSteps(runtime, "s2")
     steps.agent_name = other.agent_name = "booker"
     assert take_slot(steps) and not take_slot(other)
-    touch_slot(runtime, "s1")
+    touch_slots(runtime, ["s1"])
     entries = {"w": {"limits": limits.describe()}}
     [rate], [slots] = limits_usage(store.client, keys, entries, runtime.inflight.server_time_ms())
     assert (rate.requests, slots.in_flight, slots.waiting) == (2, 1, 1)  # the 429's request counts too
