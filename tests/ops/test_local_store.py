@@ -24,8 +24,11 @@ WRITE = """
 import sys
 from lousho.settings import LoushoSettings
 from lousho.testing.store_contract import sample_checkpoint
-LoushoSettings().redis_store().checkpoints.save(sys.argv[1], sample_checkpoint(sys.argv[1]))
-print(LoushoSettings().require_redis_url())
+store = LoushoSettings().redis_store()
+store.checkpoints.save(sys.argv[1], sample_checkpoint(sys.argv[1]))
+print(LoushoSettings().require_redis_url(), flush=True)
+if sys.argv[2:] == ["hold"]:  # connected until told: a client of the store until then
+    sys.stdin.readline()
 """
 
 
@@ -117,12 +120,26 @@ def test_a_configured_redis_wins_over_the_local_store(variable: str, home: Path)
 
 @pytest.mark.slow  # 2-7 s: out of `scripts/check --fast` (issue #33)
 def test_the_local_store_stops_when_idle_and_not_while_a_client_is_connected(home: Path) -> None:
-    write_session(home, "chat-idle", LOUSHO_LOCAL_IDLE_S="1")
-    local = LocalRedis(home)
-    watchdog = local.watchdog_pid()
-    assert watchdog is not None
-    held = redis.Redis.from_url(local.url)
-    held.ping()
+    # The writer stays connected until the test is: the store is never idle before the test looks. A command that
+    # exits first leaves it idle, and under load more than the idle second can pass before the next line (issue #33).
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITE, "chat-idle", "hold"],
+        env=env_for(home, LOUSHO_LOCAL_IDLE_S="1"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip()
+        local = LocalRedis(home)
+        watchdog = local.watchdog_pid()
+        assert watchdog is not None
+        held = redis.Redis.from_url(local.url)
+        held.ping()
+    finally:
+        _, stderr = writer.communicate(input="\n", timeout=60)
+    assert writer.returncode == 0, stderr[-2000:]
     time.sleep(3.0)  # three idle times, but a client (as a worker would) is connected
     assert local.watchdog_pid() == watchdog
     held.close()
