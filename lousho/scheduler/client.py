@@ -36,6 +36,7 @@ from lousho.fleet.inflight import InflightIndex
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings, celery_config
+from lousho.fleet.transport import AMQP
 from lousho.inputs import add_input_to_unfinished, continue_finished, validate_business_state, validate_input
 from lousho.messages import Message, text_chars
 from lousho.redaction import redact_secrets, redact_url, url_secrets
@@ -83,7 +84,9 @@ class Client:
         self.inflight = InflightIndex.of(self.store, self.settings.lease_ttl_ms)
         self.keys = FleetKeys(self.store)
         self.registry = WorkerRegistry(self.store)
-        self.app = Celery("lousho-client", set_as_current=False)
+        # lousho's transport: one redis-py client per connection pool, where kombu made one for every publish (half
+        # of `enqueue`'s CPU went to making them under py-spy, issue #29)
+        self.app = Celery("lousho-client", set_as_current=False, amqp=AMQP)
         self.app.conf.update(celery_config(broker, self.settings))
         instrument_fleet()  # LOUSHO_TRACES: a job sent in a traced request links its run to it (issue #19)
 

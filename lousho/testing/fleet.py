@@ -51,12 +51,12 @@ from lousho.errors import ConfigurationError
 from lousho.fleet.keys import FleetKeys
 from lousho.fleet.limits import FleetLimits
 from lousho.fleet.settings import FleetSettings, broker_url
+from lousho.fleet.transport import decode_entry
 from lousho.providers.base import LLMProvider
 from lousho.scheduler.client import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker.app import create_app
 from lousho.worker.registry import Presence
-from lousho.worker.transport import decode_entry
 
 __all__ = ["FleetDriver", "SentTask"]
 

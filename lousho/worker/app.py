@@ -21,6 +21,7 @@ from celery import Celery
 from lousho.fleet.limits import FleetLimits
 from lousho.fleet.registry import app_queue
 from lousho.fleet.settings import FleetSettings, celery_config
+from lousho.fleet.transport import AMQP
 from lousho.providers.base import LLMProvider
 from lousho.stores.redis import RedisStore
 from lousho.telemetry.hooks import instrument_fleet
@@ -28,7 +29,6 @@ from lousho.worker.registry import watch_presence
 from lousho.worker.running import watch_processes, watch_shutdown
 from lousho.worker.runtime import FleetRuntime
 from lousho.worker.tasks import register_tasks
-from lousho.worker.transport import AMQP
 
 __all__ = ["create_app"]
 

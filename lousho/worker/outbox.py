@@ -42,8 +42,8 @@ from kombu.utils import json as kombu_json
 from lousho.fleet.dispatch import StepTask
 from lousho.fleet.protocol import PROTOCOL_HEADER, message_headers
 from lousho.fleet.settings import FleetSettings
+from lousho.fleet.transport import decode_entry
 from lousho.stores.redis import RedisStore
-from lousho.worker.transport import decode_entry
 
 __all__ = ["Outbox"]
 

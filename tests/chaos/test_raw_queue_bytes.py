@@ -3,7 +3,7 @@ with a part taken out or replaced, seeded) are pushed straight onto the Redis li
 buggy or hostile producer with access to the broker would. Every worker lives on (the same processes), every
 job finishes, and every entry is taken: none is left on a list, none is stuck among kombu's unacknowledged
 messages, none is lost as a 'dropped connection', and each that is no kombu message is in the rejected list
-(lousho/worker/transport.py, issue #21)."""
+(lousho/fleet/transport.py, issue #21)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from lousho.fleet.settings import TASK_ADVANCE, TASK_MODEL_TURN, TASK_TOOL_CALL
-from lousho.worker.transport import rejected_key
+from lousho.fleet.transport import rejected_key
 from tests.chaos.harness import (
     SEED,
     Background,

@@ -16,13 +16,13 @@ from lousho import Message
 from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
 from lousho.fleet.protocol import PROTOCOL_HEADER
 from lousho.fleet.settings import celery_config
+from lousho.fleet.transport import decode_entry
 from lousho.formats import MESSAGE_PROTOCOL
 from lousho.scheduler import Client
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
 from lousho.worker import outbox as outbox_module
 from lousho.worker.outbox import Outbox
-from lousho.worker.transport import decode_entry
 from tests.fleet.conftest import Fleet, tool_turn
 
 pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)

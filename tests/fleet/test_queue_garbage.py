@@ -1,5 +1,5 @@
 """A worker survives any bytes on its queue: what is no task message is moved to `<queue>:lousho-rejected`
-and logged, and the same worker process runs the next job (lousho/worker/transport.py, issue #21)."""
+and logged, and the same worker process runs the next job (lousho/fleet/transport.py, issue #21)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from kombu.transport import memory, redis
 
 from lousho import Message
-from lousho.worker.transport import REJECTED_KEPT, Channel, Connection, Transport, rejected_key
+from lousho.fleet.transport import REJECTED_KEPT, Channel, Connection, Transport, rejected_key
 from tests.fleet.conftest import Fleet, tool_turn
 
 pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)

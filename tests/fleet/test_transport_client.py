@@ -1,4 +1,4 @@
-"""lousho's kombu channel keeps one redis-py client for its commands (lousho/worker/transport.py, issue #30): kombu
+"""lousho's kombu channel keeps one redis-py client for its commands (lousho/fleet/transport.py, issue #30): kombu
 made a client for every publish, ack and queue read, most of a small command's cost on a busy worker."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import uuid
 
 import redis
 
+from lousho.fleet.transport import Connection
 from lousho.worker import broker_url
-from lousho.worker.transport import Connection
 
 
 def test_a_channel_makes_one_client_for_its_commands_and_a_new_one_for_a_new_pool(redis_url: str) -> None:

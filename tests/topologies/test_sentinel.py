@@ -27,6 +27,7 @@ from lousho import Message
 from lousho.checkpoint import Checkpoint
 from lousho.errors import ConfigurationError, SaveNotReplicatedError, StoreUnavailableError
 from lousho.fleet.settings import celery_config
+from lousho.fleet.transport import rejected_key
 from lousho.scheduler import Client
 from lousho.settings import LoushoSettings
 from lousho.stores.redis import RedisStore
@@ -39,7 +40,6 @@ from lousho.testing.store_contract import StoreContract
 from lousho.testing.store_contract.samples import sample_snapshot
 from lousho.worker import FleetSettings, create_app
 from lousho.worker.outbox import Outbox
-from lousho.worker.transport import rejected_key
 from tests.chaos import test_lost_and_duplicate_messages as lost_and_duplicate
 from tests.chaos import test_zombie_workers as zombies
 from tests.chaos.harness import ChaosFleet, record

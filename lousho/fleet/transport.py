@@ -1,4 +1,5 @@
-"""A worker survives any bytes on its queue: what is not a task message is moved aside (issue #21).
+"""The fleet's broker transport, for workers and clients alike: a worker survives any bytes on its queue, what is
+not a task message is moved aside (issue #21); each makes one redis-py client per connection pool (issue #30).
 
 kombu's Redis transport decodes each entry it pops from a queue with no guard (`Channel._brpop_read`:
 JSON, then kombu's `Message`, then Celery's handler, all in the worker's event loop). One entry
