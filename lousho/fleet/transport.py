@@ -28,6 +28,7 @@ from queue import Empty
 from typing import Any, Literal
 
 from celery.app import amqp
+from kombu import connection as kombu_connection
 from kombu.connection import Connection as KombuConnection
 from kombu.transport import redis
 from kombu.transport.virtual.base import Base64
@@ -222,6 +223,22 @@ class Connection(KombuConnection):
         if transport is redis.SentinelTransport:
             return SentinelTransport
         return Transport if transport is redis.Transport else transport
+
+    def Pool(self, limit: int | None = None, **kwargs: Any) -> Any:
+        """Celery's producer pool (every `send_task`, every task event) takes its connections from here: kombu's
+        pool makes its own `PooledConnection`s, of kombu's transport (issue #29: the client's and the workers'
+        publishes made a redis-py client each)."""
+        return _ConnectionPool(self, limit=limit, **kwargs)  # type: ignore[no-untyped-call]  # kombu's __init__
+
+
+class _PooledConnection(kombu_connection.PooledConnection, Connection):
+    """A pool's connection (closed on an error inside its `with`, as kombu's), of this module's transport."""
+
+
+class _ConnectionPool(kombu_connection.ConnectionPool):
+    def new(self) -> _PooledConnection:
+        info = dict(self.connection._info(resolve=False))  # noqa: SLF001 -- as kombu's own pool
+        return _PooledConnection(self, **info)  # type: ignore[no-untyped-call]  # kombu's __init__
 
 
 class AMQP(amqp.AMQP):  # type: ignore[misc]  # celery is untyped

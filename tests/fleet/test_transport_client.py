@@ -7,9 +7,12 @@ import threading
 import uuid
 
 import redis
+from celery import Celery
 
-from lousho.fleet.transport import Connection
-from lousho.worker import broker_url
+from lousho.fleet.transport import AMQP, Channel, Connection
+from lousho.scheduler import Client
+from lousho.stores.redis import RedisStore
+from lousho.worker import FleetSettings, broker_url
 
 
 def test_a_channel_makes_one_client_for_its_commands_and_a_new_one_for_a_new_pool(redis_url: str) -> None:
@@ -43,3 +46,24 @@ def test_messages_published_from_many_threads_through_one_channel_all_arrive(
         finally:
             redis_client.delete(queue)
     assert sorted(received) == sorted(sent)
+
+
+def test_celerys_producer_pool_publishes_through_the_same_channel_and_its_one_client(redis_url: str) -> None:
+    """`send_task` and every task event take a connection from Celery's producer pool, which kombu filled with
+    connections of its own transport (issue #29): a client's and a worker's publishes made a client each."""
+    app = Celery("lousho-test-transport", set_as_current=False, amqp=AMQP)
+    app.conf.broker_url = broker_url(redis_url)
+    try:
+        with app.producer_or_acquire() as producer:
+            assert isinstance(producer.channel, Channel)
+            first = producer.channel._create_client()
+        with app.producer_or_acquire() as producer:
+            assert producer.channel._create_client() is first, "the pooled connection's channel keeps its client"
+    finally:
+        app.close()
+
+
+def test_a_client_enqueues_through_lousho_s_transport(redis_url: str, redis_store: RedisStore) -> None:
+    client = Client(broker=broker_url(redis_url), store=redis_store, settings=FleetSettings(queue="q-transport"))
+    with client.app.producer_or_acquire() as producer:
+        assert isinstance(producer.channel, Channel)
