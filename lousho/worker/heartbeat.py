@@ -2,11 +2,11 @@
 watch the session's abort flag (so a running tool's `ctx.signal` fires on `Client.abort`).
 
 Each piece of work in flight (a step, a tool call's run) beats on its own lease, as before; what is
-shared is the trip to Redis (issue #29). One `Heart` per event loop wakes four times a heartbeat
+shared is the trip to Redis (issue #29). One `Heart` per event loop wakes eight times a heartbeat
 interval and sends the beats then due, each one script (lua/heartbeat.lua), in one pipeline: a
-worker holding hundreds of calls whose models take seconds sent five round trips per call per
-beat, most of its Redis work. A beat is due `heartbeat_s * 3/4` after the last, so beats of one
-piece of work come between 3/4 and 1 heartbeat interval apart, as one timer per piece came every 1.
+worker holding hundreds of calls whose models take seconds sent four to six round trips per call
+per beat, each holding its event loop. A beat is due `heartbeat_s * 7/8` after the last, so beats of one
+piece of work come between 7/8 and 1 heartbeat interval apart, as one timer per piece came every 1.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ __all__ = ["Beating", "Heart", "beat", "heartbeat"]
 
 log = logging.getLogger("lousho.worker")
 
-TICKS_PER_BEAT = 4
+TICKS_PER_BEAT = 8
 """How often a heart wakes per heartbeat interval: the beats it sends are late by at most one tick."""
 
 
@@ -154,7 +154,7 @@ def heart_of(runtime: FleetRuntime, loop: asyncio.AbstractEventLoop) -> Heart:
 async def heartbeat(
     runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None = None
 ) -> AsyncIterator[None]:
-    """Beat every `heartbeat_s` (at most; at least 3/4 of it) for as long as the body runs (`entry`: a tool
+    """Beat every `heartbeat_s` (at most; at least 7/8 of it) for as long as the body runs (`entry`: a tool
     call's run, whose score in the running index each beat pushes to now).
 
     Joining the loop's heart costs nothing on a step that ends before its first beat, as most do (issue #9)."""
