@@ -56,7 +56,7 @@ def cpu_s(pid: int) -> float:
 
 
 def redis_figures(client: redis.Redis) -> tuple[float, int]:
-    """Redis's CPU seconds so far, and the commands it has processed (scripts count as one each)."""
+    """Redis's CPU seconds so far, and the commands it has processed (each command inside a script counts too)."""
     info: dict[str, Any] = client.info()  # type: ignore[assignment]
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), int(info["total_commands_processed"])
 
@@ -200,10 +200,15 @@ def markdown(results: dict[str, Any]) -> str:
         "# The waiting workload: many sessions in flight per process (issue #29)",
         "",
         f"{machine_['nproc']} CPUs ({machine_['cpu']}), {machine_['memory']}; lousho at {results['revision']}; "
-        f"`python -m bench.concurrency{' --quick' if results['mode'] == 'quick' else ''}`.",
+        f"`python -m bench.concurrency{' --quick' if results['mode'] == 'quick' else ''}{_sleep_flags(results)}`.",
         "",
         *section(results),
     ]) + "\n"  # fmt: skip
+
+
+def _sleep_flags(results: dict[str, Any]) -> str:
+    sleeps = Sleeps(model_s=results.get("model_s", 1.0), tool_s=results.get("tool_s", 0.5))
+    return "" if sleeps == Sleeps() else f" --model-s {sleeps.model_s:g} --tool-s {sleeps.tool_s:g}"
 
 
 def section(found: dict[str, Any]) -> list[str]:
@@ -215,7 +220,7 @@ def section(found: dict[str, Any]) -> list[str]:
         "same sleeps, chained the same way, on `-P threads`, same broker and settings. Most in flight: counted by "
         "each process as its tasks start and end. KB per in-flight session: a process's RSS growth over its idle "
         "RSS, divided by the calls it held then, at its busiest moment. CPU and Redis commands a session: the "
-        "workers' CPU time and Redis's processed commands (a script counts once) over the run, divided by the sessions.",
+        "workers' CPU time and Redis's processed commands (each command inside a script too) over the run, divided by the sessions.",
         "",
         "| sessions | lousho wall | floor wall | ratio (goal <= 1.0) | lousho most in flight / process "
         "| floor most in flight / process | lousho KB / in-flight session | floor KB / in-flight session "
