@@ -26,6 +26,8 @@ one process. `-P prefork`/`-P threads`/`-P solo` still work (each thread then ru
 from __future__ import annotations
 
 import asyncio
+import collections
+import functools
 import logging
 import os
 import sys
@@ -100,35 +102,31 @@ class _Applied:
 
 
 class _LoopThread:
-    """One event loop running in a thread of its own, with its share of the pool's slots."""
+    """One event loop running in a thread of its own."""
 
-    def __init__(self, index: int, slots: int, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, index: int, executor: ThreadPoolExecutor) -> None:
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(executor)
-        self.slots = slots
         self.in_flight = 0
-        self._semaphore: asyncio.Semaphore | None = None
+        """Tasks handed to this loop and not done (how busy it is: the pool hands a task to the least busy)."""
         self._thread = threading.Thread(target=self._run, name=f"lousho-pool-loop-{index}", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self._semaphore = asyncio.Semaphore(self.slots)
-        self.loop.run_forever()
+        try:
+            self.loop.run_forever()
+        finally:  # stopped (`stop`): what was in flight is unacked, delivered again; the loop's resources go now
+            self.loop.close()
 
     def submit(self, *applied: Any) -> Future[Any]:
         self.in_flight += 1
-        future = asyncio.run_coroutine_threadsafe(self._apply(*applied), self.loop)
+        future = asyncio.run_coroutine_threadsafe(_drive(apply_target, *applied), self.loop)
         future.add_done_callback(self._done)
         return future
 
     def _done(self, _future: Future[Any]) -> None:
         self.in_flight -= 1
-
-    async def _apply(self, *applied: Any) -> Any:
-        assert self._semaphore is not None
-        async with self._semaphore:  # -c N: at most N tasks run, whatever the prefetch let in
-            return await _drive(apply_target, *applied)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -136,10 +134,23 @@ class _LoopThread:
             self._thread.join(timeout=10)
 
 
+def _copy_outcome(source: Future[Any], target: Future[Any]) -> None:
+    if source.cancelled():
+        target.cancel()
+    elif (error := source.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
+
+
 class AsyncioPool(BasePool):  # type: ignore[misc]
     """Event loops in threads of one worker process, every task of the process on one of them (see the module's
     docstring). A step's Redis calls are blocking: on one loop they would wait one after the other, so a process
-    runs `LOOPS` loops and hands each task to the least busy (the GIL is free while a thread waits on a socket)."""
+    runs `LOOPS` loops and hands each task to the least busy (the GIL is free while a thread waits on a socket).
+
+    The slots (`-c N`) are the process's, not a loop's: a task past them waits for the first slot freed on any loop.
+    Slots split among the loops let a task wait on a loop whose share was full of calls held for minutes while
+    another loop had room (a loaded CI run: one of 120 sessions started two minutes late; issue #33)."""
 
     body_can_be_buffer = True
     signal_safe = False
@@ -151,12 +162,18 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         self._in_flight: set[Future[Any]] = set()
         self.most_in_flight = 0
         """The most tasks this process held at once (counted, for `celery inspect stats` and the bench)."""
+        self._slots = threading.Lock()
+        self._running = 0
+        """Tasks on a loop now: at most `limit`."""
+        self._waiting: collections.deque[tuple[tuple[Any, ...], Future[Any]]] = collections.deque()
+        """Tasks taken past the slots, oldest first: for a moment, a task acknowledged and not yet over; or the
+        prefetch of `worker_prefetch_multiplier` above 1."""
 
     def on_start(self) -> None:
         # Sync tools (`asyncio.to_thread`) get a thread each up to the slots, not the default 5 + cores.
         executor = ThreadPoolExecutor(max_workers=self.limit, thread_name_prefix="lousho-tool")
         count = max(1, min(LOOPS, self.limit))
-        self.loops = [_LoopThread(n, -(-self.limit // count), executor) for n in range(count)]
+        self.loops = [_LoopThread(n, executor) for n in range(count)]
         log.info("lousho's pool: %d slots on %d event loops in process %d", self.limit, count, os.getpid())
 
     def on_apply(
@@ -168,12 +185,34 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         accept_callback: Callable[..., Any] | None = None,
         **_: Any,
     ) -> _Applied:
-        loop = min(self.loops, key=lambda candidate: candidate.in_flight)
-        future = loop.submit(target, args, kwargs, callback, accept_callback)
-        self._in_flight.add(future)
+        handed: Future[Any] = Future()
+        self._in_flight.add(handed)
         self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
-        future.add_done_callback(self._in_flight.discard)
-        return _Applied(future)
+        handed.add_done_callback(self._in_flight.discard)
+        applied = (target, args, kwargs, callback, accept_callback)
+        with self._slots:
+            free = self._running < self.limit
+            if free:
+                self._running += 1
+            else:
+                self._waiting.append((applied, handed))
+        if free:
+            self._start(applied, handed)
+        return _Applied(handed)
+
+    def _start(self, applied: tuple[Any, ...], handed: Future[Any]) -> None:
+        loop = min(self.loops, key=lambda candidate: candidate.in_flight)
+        loop.submit(*applied).add_done_callback(functools.partial(self._finished, handed))
+
+    def _finished(self, handed: Future[Any], running: Future[Any]) -> None:
+        """A task is over (in its loop's thread): its slot goes to the task that waited longest, or is free."""
+        _copy_outcome(running, handed)
+        with self._slots:
+            waited = self._waiting.popleft() if self._waiting else None
+            if waited is None:
+                self._running -= 1
+        if waited is not None:
+            self._start(*waited)
 
     def on_stop(self) -> None:
         """Warm shutdown: let every task in flight finish (and ack), then stop the loops."""
