@@ -34,6 +34,7 @@ from kombu.transport import redis
 from kombu.transport.virtual.base import Base64
 from kombu.utils import encoding
 from kombu.utils import json as kombu_json
+from kombu.utils.collections import HashedSeq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["AMQP", "REJECTED_KEPT", "KombuEnvelope", "decode_entry", "rejected_key"]
@@ -223,6 +224,13 @@ class Connection(KombuConnection):
         if transport is redis.SentinelTransport:
             return SentinelTransport
         return Transport if transport is redis.Transport else transport
+
+    def __eqhash__(self) -> Any:
+        """kombu's process-wide pools (`kombu.pools.connections`, which Celery's `app.pool` reads) are keyed by this:
+        kombu's names the transport by the URL's scheme, so a plain Celery app of the same broker URL in the same
+        process shared its pool, and whichever came first decided both apps' transport (a test that ran after one
+        found a lousho client publishing through kombu's own channel: issue #33)."""
+        return HashedSeq(__name__, *super().__eqhash__())  # type: ignore[no-untyped-call]  # kombu's is untyped
 
     def Pool(self, limit: int | None = None, **kwargs: Any) -> Any:
         """Celery's producer pool (every `send_task`, every task event) takes its connections from here: kombu's

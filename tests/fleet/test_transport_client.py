@@ -67,3 +67,22 @@ def test_a_client_enqueues_through_lousho_s_transport(redis_url: str, redis_stor
     client = Client(broker=broker_url(redis_url), store=redis_store, settings=FleetSettings(queue="q-transport"))
     with client.app.producer_or_acquire() as producer:
         assert isinstance(producer.channel, Channel)
+
+
+def test_a_plain_celery_app_of_the_same_broker_in_the_process_changes_neither_apps_transport(redis_url: str) -> None:
+    """kombu's process-wide connection pools are keyed by the broker's URL and transport name: a plain Celery app's
+    pool, made first, was the lousho app's too (issue #33: the test above failed after another file's plain app)."""
+    plain = Celery("lousho-test-plain-app", set_as_current=False)
+    plain.conf.broker_url = broker_url(redis_url)
+    ours = Celery("lousho-test-transport-after-plain", set_as_current=False, amqp=AMQP)
+    ours.conf.broker_url = broker_url(redis_url)
+    try:
+        with plain.producer_or_acquire() as producer:
+            assert not isinstance(producer.channel, Channel)
+        with ours.producer_or_acquire() as producer:
+            assert isinstance(producer.channel, Channel)
+        with plain.producer_or_acquire() as producer:
+            assert not isinstance(producer.channel, Channel), "kombu's app keeps kombu's transport"
+    finally:
+        plain.close()
+        ours.close()
