@@ -103,9 +103,9 @@ agent = Agent(
     stream_events=os.environ.get("LOUSHO_BENCH_EVENTS", "1") == "1",
 )
 provider = (
-    StreamingScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True, deltas=STREAM_DELTAS)
+    StreamingScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True, deltas=STREAM_DELTAS, record_calls=False)
     if STREAM_DELTAS
-    else ScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True)
+    else ScriptedProvider([answer] * (MAX_TURNS + 1), by_turn=True, record_calls=False)
 )
 app = create_app(
     agents=[agent],

@@ -120,7 +120,7 @@ app = create_app(
     agents=[agent],
     store=RedisStore(URL, prefix=PREFIX),
     broker=broker_url(URL),
-    provider=ScriptedProvider([answer] * 2, by_turn=True, latency_s=MODEL_S),
+    provider=ScriptedProvider([answer] * 2, by_turn=True, latency_s=MODEL_S, record_calls=False),
     settings=FleetSettings(queue=QUEUE),
     on_event=on_event,
 )

@@ -1,7 +1,7 @@
 """`ScriptedProvider`: canned model answers for tests and demos.
 
 It records every request it receives in `.calls`, so a test can prove a model
-turn was never asked twice.
+turn was never asked twice (`record_calls=False`: not, for a long-running fleet on it, as the benchmarks').
 """
 
 from __future__ import annotations
@@ -45,14 +45,27 @@ class ScriptedProvider:
     With `by_turn=True` the answer is picked by the number of assistant turns already in
     the request's transcript, so a turn asked again (its answer was never checkpointed)
     gets the same answer, as a deterministic model would give.
+
+    `record_calls=False` keeps `calls` empty: each request holds its transcript, so a worker process serving
+    thousands of sessions on this provider would hold every one it was ever asked (issue #29: most of the waiting
+    benchmark's memory a session in flight).
     """
 
-    def __init__(self, answers: Sequence[Answer] = (), *, latency_s: float = 0.0, by_turn: bool = False) -> None:
+    def __init__(
+        self,
+        answers: Sequence[Answer] = (),
+        *,
+        latency_s: float = 0.0,
+        by_turn: bool = False,
+        record_calls: bool = True,
+    ) -> None:
         self.answers = list(answers)
         self.latency_s = latency_s
         self.by_turn = by_turn
+        self.record_calls = record_calls
         self.calls: list[ModelRequest] = []
-        """Every request received, in order (including ones whose answer was then lost)."""
+        """Every request received, in order (including ones whose answer was then lost); none with `record_calls`
+        False."""
         self._next = 0
 
     @property
@@ -61,7 +74,8 @@ class ScriptedProvider:
         return self._next
 
     async def generate(self, request: ModelRequest) -> ModelResponse:
-        self.calls.append(request)
+        if self.record_calls:
+            self.calls.append(request)
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         index = sum(m.role == "assistant" for m in request.messages) if self.by_turn else self._next
@@ -98,8 +112,9 @@ class StreamingScriptedProvider(ScriptedProvider):
         by_turn: bool = False,
         deltas: int = 10,
         delta_delay_s: float = 0.0,
+        record_calls: bool = True,
     ) -> None:
-        super().__init__(answers, latency_s=latency_s, by_turn=by_turn)
+        super().__init__(answers, latency_s=latency_s, by_turn=by_turn, record_calls=record_calls)
         self.deltas = deltas
         self.delta_delay_s = delta_delay_s
 

@@ -267,6 +267,13 @@ class RedisCheckpointStore:
             raise CorruptCheckpointError(session_id, f"{reply[1]}; the save was refused")
         raise CorruptCheckpointError(session_id, f"the save script answered {reply!r}; the save was refused")
 
+    def forget_transcript(self, session_id: str) -> None:
+        """Drop what this process remembers of the session's last saved transcript (what a save builds on). A
+        worker calls it when the session stops (finished, aborted, parked): its next save is a client's, whose
+        writer makes the entry useless, and a worker process would otherwise hold up to `cache_size` transcripts
+        of sessions long over (issue #29)."""
+        self._cache.drop(session_id)
+
     # -- load ------------------------------------------------------------------------------
 
     def load(self, session_id: str) -> Checkpoint | None:
