@@ -504,7 +504,7 @@ def summary(results: dict[str, Any], folder: str) -> str:
     if ran(latency):
         lines.append(
             f"- On the Celery + Redis fleet a step (a model turn or a tool call, each a task) takes "
-            f"{_m(latency['per_hop_ms']['lousho'])} ms, {latency['ratio']['median']:.1f}x a bare Celery "
+            f"{_m(latency['per_hop_ms']['lousho'])} ms, {latency['ratio']['median']:.2f}x a bare Celery "
             f"hop ({_m(latency['per_hop_ms']['floor'])} ms)."
         )
     growth = results.get("growth")
