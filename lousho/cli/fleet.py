@@ -30,6 +30,18 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _from_ctrl_c(error: BaseException) -> bool:
+    """Whether a Ctrl-C raised `error`, itself or below it: Python 3.11 wraps what a class attribute's
+    `__set_name__` raises in RuntimeError, so a Ctrl-C that lands while a module defines such a class comes out as
+    RuntimeError (a loaded run's demo was stopped while its first `send_task` imported Celery's canvas; issue #33)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _fail(message: str) -> None:
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     raise typer.Exit(FAILED)
@@ -41,6 +53,11 @@ def default_node_name(queue: str | None, app_spec: str, pid: int) -> str:
     (issue #32)."""
     base = queue or app_spec.partition(":")[0].rpartition(".")[2] or "lousho"
     return f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', base).strip('-') or 'lousho'}-{pid}@%h"
+
+
+def _stopped_by_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _fail("[LOUSHO_INTERRUPTED] the demo was stopped; every process it started has ended")
 
 
 def register(app: typer.Typer) -> None:
@@ -60,9 +77,12 @@ def register(app: typer.Typer) -> None:
                 asyncio.run(run_demo())
             elif not run_fleet_demo().ok:
                 raise typer.Exit(FAILED)
+        except Exception as exc:
+            if not _from_ctrl_c(exc):
+                raise
+            _stopped_by_ctrl_c()
         except KeyboardInterrupt:  # Ctrl-C, either demo: one line, no traceback (issue #15)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            _fail("[LOUSHO_INTERRUPTED] the demo was stopped; every process it started has ended")
+            _stopped_by_ctrl_c()
 
     @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
     def worker(
