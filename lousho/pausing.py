@@ -4,6 +4,8 @@ tool batch'). Recording the decision is the loop's (`Run.apply_decision`, the fl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from typing import Any
 
@@ -16,7 +18,7 @@ from lousho.approvals import (
     check_call_unchanged,
 )
 from lousho.checkpoint import Checkpoint, CheckpointStore, maybe_await
-from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, SDKError
+from lousho.errors import ApprovalAlreadyResolvedError, ApprovalNotFoundError, CorruptApprovalError, SDKError
 from lousho.events import ApprovalRequestedEvent
 from lousho.messages import ToolCall
 from lousho.run_context import RunContext, load_stored
@@ -56,15 +58,51 @@ async def pause_for_approval(
     child = await maybe_await(store.load(child_approval_id)) if child_approval_id else None
     if child is not None and child.session_id == run.session_id:
         child = child.child  # this run's own earlier pause on it, whose checkpoint was never saved (a crash)
-    approval_id = child_approval_id or f"appr_{uuid.uuid4().hex}"
+    earlier = None
+    if child_approval_id:
+        approval_id = child_approval_id
+    else:
+        approval_id, earlier = await _approval_of_this_pause(store, run.session_id, checkpoint, call, kind)
     paused = run.stamp(checkpoint, status="awaiting-approval", approval_id=approval_id)
-    snapshot = approval_snapshot(
-        paused, call, session_id=run.session_id, max_steps=run.max_steps, child=child, kind=kind
-    )
-    await maybe_await(store.save(snapshot))
+    if earlier is None:
+        snapshot = approval_snapshot(
+            paused, call, session_id=run.session_id, max_steps=run.max_steps, child=child, kind=kind
+        )
+        await maybe_await(store.save(snapshot))
     paused = await run.write(paused)
     await run.emit(ApprovalRequestedEvent(approval_id=approval_id, call=child.tool_call if child else call))
     return paused
+
+
+async def _approval_of_this_pause(
+    store: ApprovalStore, session_id: str | None, checkpoint: Checkpoint, call: ToolCall, kind: ApprovalKind
+) -> tuple[str, ApprovalSnapshot | None]:
+    """The id of the approval a session pausing at `checkpoint` on `call` waits on, and that approval when
+    this same pause stored it before (the process died before the paused checkpoint was saved).
+
+    The id is derived from the pause, so the pause run again after such a crash finds the approval a human
+    may have seen, and decided, meanwhile, instead of writing a second one for the same call: the decision
+    stands (it was lost before; found by the chaos suite, issue #33). An approval under that id of another
+    pause (another transcript, applied already, unreadable) is left alone and a fresh id is used."""
+    if session_id is None:  # nothing ties two runs without a session together
+        return f"appr_{uuid.uuid4().hex}", None
+    pause = [session_id, checkpoint.version, call.id, kind]
+    approval_id = "appr_" + hashlib.sha256(json.dumps(pause).encode()).hexdigest()[:32]
+    try:
+        earlier: ApprovalSnapshot | None = await maybe_await(store.load(approval_id))
+    except CorruptApprovalError:
+        return f"appr_{uuid.uuid4().hex}", None
+    if earlier is None:
+        return approval_id, None
+    same_pause = (
+        earlier.applied_at is None
+        and earlier.session_id == session_id
+        and earlier.kind == kind
+        and earlier.tool_call == call
+        and earlier.checkpoint.version == checkpoint.version + 1
+        and earlier.checkpoint.messages == checkpoint.messages
+    )
+    return (approval_id, earlier) if same_pause else (f"appr_{uuid.uuid4().hex}", None)
 
 
 async def prepare_resume(

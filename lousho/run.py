@@ -81,10 +81,19 @@ class Run(RunContext):
         assert stored.approval_id is not None
         if self.approval_store is None:
             raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
-        snapshot = await maybe_await(self.approval_store.load(stored.approval_id))
-        if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
+        snapshot = await self._decided_unapplied(stored)
+        if snapshot is None:
             raise SessionAwaitingApprovalError(stored.session_id, stored.approval_id)
         return await self.apply_decision(snapshot, stored, self.approval_store)
+
+    async def _decided_unapplied(self, paused: Checkpoint) -> ApprovalSnapshot | None:
+        """The approval `paused` waits on, when it is decided and its decision not yet applied."""
+        if self.approval_store is None or paused.approval_id is None:
+            return None
+        snapshot: ApprovalSnapshot | None = await maybe_await(self.approval_store.load(paused.approval_id))
+        if snapshot is None or snapshot.status == "pending" or snapshot.applied_at is not None:
+            return None
+        return snapshot
 
     # -- the loop ---------------------------------------------------------------
 
@@ -106,7 +115,12 @@ class Run(RunContext):
                 await self.emit(FinishedEvent(finish_reason=result.finish_reason, text=result.text))
                 return result
             if isinstance(step, AwaitApproval):
-                return RunResult.of(checkpoint, "awaiting-approval")
+                # Decided already: a pause run again after a crash found the decision a human made on the
+                # approval the crashed run stored (`pausing._approval_of_this_pause`): it stands.
+                decided = await self._decided_unapplied(checkpoint)
+                if decided is None:
+                    return RunResult.of(checkpoint, "awaiting-approval")
+                return await self.apply_decision(decided, checkpoint, self.approval_store)
             if isinstance(step, SendPendingInput):
                 checkpoint = append_pending_input(checkpoint)
             elif isinstance(step, ModelTurn):

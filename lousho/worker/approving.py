@@ -11,17 +11,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from lousho.approvals import ApprovalSnapshot, utc_now
+from lousho.approvals import ApprovalKind, ApprovalSnapshot, utc_now
 from lousho.checkpoint import Checkpoint
 from lousho.engine import record_tool_result
 from lousho.interruptions import decided_interrupted_result
+from lousho.messages import ToolCall
 from lousho.pausing import NOT_RUN, prepare_resume, rejection
 from lousho.run import Run
 
 if TYPE_CHECKING:
     from lousho.worker.steps import SessionSteps
 
-__all__ = ["apply_decided_approval", "fold_decided_approval", "mark_applied"]
+__all__ = ["apply_decided_approval", "fold_decided_approval", "mark_applied", "pause_on_call"]
+
+
+async def pause_on_call(
+    steps: SessionSteps, run: Run, checkpoint: Checkpoint, call: ToolCall, kind: ApprovalKind = "approval"
+) -> str:
+    """Pause on `call`'s approval. A decision made before the paused checkpoint was saved is applied now:
+    its wake-up found this step's lease busy, and the pausing save took the session out of the in-flight
+    index the decision had put it back in; or the pause ran again after a crash and found the approval the
+    crashed step stored, decided meanwhile (`pausing._approval_of_this_pause`; issue #33's chaos run)."""
+    paused = await run.pause(checkpoint, call, kind=kind)
+    return await apply_decided_approval(steps, run, paused)
 
 
 async def apply_decided_approval(steps: SessionSteps, run: Run, checkpoint: Checkpoint) -> str:

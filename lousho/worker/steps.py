@@ -48,7 +48,7 @@ from lousho.messages import Message, ToolCall
 from lousho.run import Run
 from lousho.stores.redis_checkpoints import SaveSkipped
 from lousho.stores.redis_common import redis_errors
-from lousho.worker.approving import apply_decided_approval, fold_decided_approval
+from lousho.worker.approving import apply_decided_approval, fold_decided_approval, pause_on_call
 from lousho.worker.ending import FencedCheckpoints, StepEnd
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import commit_abort_results, is_marked_interrupted
@@ -381,8 +381,7 @@ class SessionSteps:
             for call in [c for c in pending if c.id not in results]:
                 if is_marked_interrupted(self, run, checkpoint, call):  # it may have run (issue #17)
                     if call.id == pending[0].id:
-                        await run.pause(checkpoint, call, kind="interrupted")
-                        return "awaiting-approval"
+                        return await pause_on_call(self, run, checkpoint, call, kind="interrupted")
                     break
                 plan = await plan_tool_call(call, run.agent, run.tool_context(call))
                 if plan.preset:  # committed here, folded on the next pass
@@ -390,8 +389,7 @@ class SessionSteps:
                     continue
                 if plan.needs_approval:
                     if call.id == pending[0].id:
-                        await run.pause(checkpoint, call)
-                        return "awaiting-approval"
+                        return await pause_on_call(self, run, checkpoint, call)
                     break
                 if sub_agent_of(run, call) is not None:  # a session of its own (sub_agents.py)
                     progress = await sub_agent_call(self, run, checkpoint, call, plan.args, call.id == pending[0].id)

@@ -39,6 +39,7 @@ import redis as redis_py
 from pydantic import BaseModel
 
 from lousho import Agent, Message, ToolContext, agent_tool, define_tool
+from lousho.approvals import ApprovalSnapshot
 from lousho.events import CheckpointSavedEvent, Event
 from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.stores.codec import PayloadCodec
@@ -181,6 +182,19 @@ def on_event(event: Event) -> None:
         if checkpoint is not None and checkpoint.messages[-1].tool_calls:
             die_if_triggered(f"turn-saved:{event.session_id}:{assistant_turns(checkpoint.messages)}")
 
+
+_save_approval = store.approvals.save
+
+
+def save_approval(snapshot: ApprovalSnapshot) -> None:
+    """An approval's write, after which a test can kill the worker (trigger `approval-saved:<session>`): the
+    moment between a pause's two writes, the approval's and the paused checkpoint's (issue #33's chaos run)."""
+    _save_approval(snapshot)
+    if snapshot.status == "pending" and snapshot.session_id:
+        die_if_triggered(f"approval-saved:{snapshot.session_id}")
+
+
+store.approvals.save = save_approval  # type: ignore[method-assign]
 
 agent = Agent(
     name="jobs",

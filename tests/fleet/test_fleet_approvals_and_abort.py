@@ -70,6 +70,40 @@ def test_a_rejection_on_the_fleet_records_the_note_and_the_run_goes_on(fleet: Fl
     assert "c1" not in fleet.counts("runs")
 
 
+@pytest.mark.parametrize("approved", [True, False])
+def test_a_decision_on_the_approval_of_a_pause_a_kill_cut_short_is_applied(fleet: Fleet, approved: bool) -> None:
+    """A worker SIGKILLed between a pause's two writes (the approval stored, the paused checkpoint not): the
+    human decides the approval it listed; the step run again pauses on the same approval and applies the
+    decision. It used to write a second approval for the call and wait on it for ever (issue #33's chaos run)."""
+    fleet.script("cut", [tool_turn(("w1", "work", {"n": 1}), ("c1", "charge", {"amount": 30})), Message.assistant("done")])
+    fleet.kill_on("approval-saved:cut")
+    first = fleet.start_worker("first")
+    fleet.start_reaper()
+    fleet.client.enqueue("jobs", "pay please", session_id="cut")
+    first.process.wait(timeout=60)  # it killed itself right after storing the approval
+    assert fleet.client.status("cut").status == "in-progress"  # the pause was never saved
+    [listed] = fleet.client.approvals("cut")
+    assert listed.tool_call.id == "c1"
+
+    fleet.client.resolve_approval(listed.id, approved=approved, note="decided while its worker was dead")
+    fleet.start_worker("second")
+    fleet.wait_for(["cut"], timeout_s=60)
+
+    checkpoint = fleet.client.checkpoint("cut")
+    assert checkpoint is not None
+    assert_valid_transcript(checkpoint.messages)
+    paid = next(m.result() for m in checkpoint.messages if m.tool_call_id == "c1")
+    if approved:
+        assert paid == {"charged": 30, "idempotency_key": "c1"}
+        assert fleet.counts("runs") == {"w1": 1, "c1": 1}
+    else:
+        assert paid == {"error": "rejected", "note": "decided while its worker was dead"}
+        assert fleet.counts("runs") == {"w1": 1}
+    assert list(fleet.client.approvals("cut")) == []
+    decided = fleet.store.approvals.load(listed.id)
+    assert decided is not None and decided.applied_at is not None
+
+
 def test_abort_cancels_the_running_call_and_new_input_continues_the_run(fleet: Fleet) -> None:
     fleet.script("ab", [
         tool_turn(("slow", "work", {"n": 1, "sleep_s": 30}), ("next", "work", {"n": 2})),
