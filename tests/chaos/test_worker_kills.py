@@ -1,7 +1,8 @@
 """Randomised SIGKILLs of workers while sessions with random tool batches and approval gates run.
 
 Random workers die at random moments (a timer), and workers die at chosen moments (triggers in
-the fleet app: while a tool runs, while the model answers, right after a model turn is saved);
+the fleet app: while a tool runs, while the model answers, right after a model turn is saved, between
+a pause's approval and its checkpoint);
 new workers start; a client decides approvals (and double-clicks); the reaper recovers what the
 dead left. When every session has finished, every guarantee is checked on every session.
 """
@@ -50,6 +51,9 @@ def test_random_worker_kills_keep_every_guarantee(chaos_fleet: ChaosFleet) -> No
             calls = [c for c in script[turn - 1].tool_calls if c.name == "work"]
             trigger = rng.choice([f"model:{session}:{turn}", f"turn-saved:{session}:{turn}"] + [f"tool:{c.id}" for c in calls])
             fleet.kill_on(trigger)
+    gated = [s for s, script in scripts.items() if any(c.name == "charge" for m in script for c in m.tool_calls)]
+    for session in gated[:3]:  # between a pause's two writes, the approval's and the paused checkpoint's (issue #33)
+        fleet.kill_on(f"approval-saved:{session}")
     for _ in range(WORKERS):
         fleet.start_worker()
     fleet.start_reaper(interval_s=0.3)
