@@ -192,6 +192,10 @@ def save_approval(snapshot: ApprovalSnapshot) -> None:
     _save_approval(snapshot)
     if snapshot.status == "pending" and snapshot.session_id:
         die_if_triggered(f"approval-saved:{snapshot.session_id}")
+        if redis.srem(key("hold-pause"), snapshot.session_id):  # until a human decides, and the wake-up is taken
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not redis.exists(key(f"woken:{snapshot.session_id}")):
+                time.sleep(0.05)
 
 
 store.approvals.save = save_approval  # type: ignore[method-assign]

@@ -104,6 +104,28 @@ def test_a_decision_on_the_approval_of_a_pause_a_kill_cut_short_is_applied(fleet
     assert decided is not None and decided.applied_at is not None
 
 
+def test_a_decision_made_between_a_pause_s_two_writes_is_applied(fleet: Fleet) -> None:
+    """The human decides as soon as the approval is listed, before the paused checkpoint is saved: the decision's
+    wake-up finds the pausing step's lease held ('busy'), and the pausing save takes the session out of the
+    in-flight index the decision put it back in. The pausing step applies the decision itself."""
+    fleet.script("race", [tool_turn(("c1", "charge", {"amount": 5})), Message.assistant("done")])
+    fleet.redis.sadd(fleet.key("hold-pause"), "race")  # the pause waits after the approval's write
+    fleet.start_worker("first")
+    fleet.start_worker("second")
+    fleet.client.enqueue("jobs", "pay please", session_id="race")
+    deadline = time.monotonic() + 60
+    while not (listed := list(fleet.client.approvals("race"))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fleet.client.resolve_approval(listed[0].id, approved=True)
+    while "'busy'" not in "".join(w.log() for w in fleet.workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "'busy'" in "".join(w.log() for w in fleet.workers)  # the wake-up came while the pause held the lease
+    fleet.redis.set(fleet.key("woken:race"), 1)
+
+    fleet.wait_for(["race"], timeout_s=30)
+    assert fleet.counts("runs") == {"c1": 1}
+
+
 def test_abort_cancels_the_running_call_and_new_input_continues_the_run(fleet: Fleet) -> None:
     fleet.script("ab", [
         tool_turn(("slow", "work", {"n": 1, "sleep_s": 30}), ("next", "work", {"n": 2})),
