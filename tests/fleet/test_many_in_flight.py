@@ -140,7 +140,7 @@ def test_a_worker_reports_its_pools_slots_and_the_calls_it_holds(fleet: Fleet) -
     names = [f"i{n}" for n in range(3)]
     worker = hold_many_on_one_worker(fleet, names)  # 13 slots, 3 calls held
     # Asked by its node name: a broadcast reaches every worker on the broker, other tests' running beside this one
-    # (two pytest processes, issue #33), some of them named alike.
+    # (several pytest processes, issue #33), some of them named alike.
     inspect = fleet.client.app.control.inspect(timeout=5, destination=[f"{worker.name}@{socket.gethostname()}"])
     deadline = time.monotonic() + 30
     while True:  # the turns' tasks that sent the calls end just after the calls start: wait for them to be gone
