@@ -5,8 +5,10 @@ Each piece of work in flight (a step, a tool call's run) beats on its own lease,
 shared is the trip to Redis (issue #29). One `Heart` per event loop wakes eight times a heartbeat
 interval and sends the beats then due, each one script (lua/heartbeat.lua), in one pipeline: a
 worker holding hundreds of calls whose models take seconds sent four to six round trips per call
-per beat, each holding its event loop. A beat is due `heartbeat_s * 7/8` after the last, so beats of one
-piece of work come between 7/8 and 1 heartbeat interval apart, as one timer per piece came every 1.
+per beat, each holding its event loop. A beat is due `heartbeat_s * 7/8` after the last; when one is
+due, the pieces at least half way to theirs go in the same round trip, so work that began a moment
+apart falls into step and shares every later trip. Beats of one piece of work come between 1/2 and 1
+heartbeat interval apart (one timer per piece came every 1).
 """
 
 from __future__ import annotations
@@ -135,8 +137,11 @@ class Heart:
     def _tick(self) -> None:
         self._timer = None
         try:
-            due_before = time.monotonic() - self.runtime.settings.heartbeat_s * (TICKS_PER_BEAT - 1) / TICKS_PER_BEAT
-            beat(self.runtime, [item for item in self.beating if item.last_s <= due_before])
+            now, interval_s = time.monotonic(), self.runtime.settings.heartbeat_s
+            due_before = now - interval_s * (TICKS_PER_BEAT - 1) / TICKS_PER_BEAT
+            if any(item.last_s <= due_before for item in self.beating):
+                # Those half way to theirs too: work that began a tick apart shares the trips from now on.
+                beat(self.runtime, [item for item in self.beating if item.last_s <= now - interval_s / 2])
         finally:  # whatever a beat raised, the next one still comes
             if self.beating:
                 self._timer = self.loop.call_later(self._tick_s, self._tick)
@@ -154,7 +159,7 @@ def heart_of(runtime: FleetRuntime, loop: asyncio.AbstractEventLoop) -> Heart:
 async def heartbeat(
     runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None = None
 ) -> AsyncIterator[None]:
-    """Beat every `heartbeat_s` (at most; at least 7/8 of it) for as long as the body runs (`entry`: a tool
+    """Beat every `heartbeat_s` (at most; at least half of it) for as long as the body runs (`entry`: a tool
     call's run, whose score in the running index each beat pushes to now).
 
     Joining the loop's heart costs nothing on a step that ends before its first beat, as most do (issue #9)."""

@@ -61,6 +61,9 @@ app = create_app(
     store=store,
     broker=broker_url(URL),
     provider=OpenAIProvider(MODEL, base_url=os.environ["LOUSHO_TEST_LLM_URL"], api_key="test"),
-    settings=FleetSettings(lease_ttl_s=2.0, reaper_interval_s=0.5, queue=os.environ["LOUSHO_TEST_FLEET_QUEUE"]),
+    # A long lease: these tests are about limits, and run no reaper. With a 2 s lease a worker starved of the CPU
+    # (four pytest processes on two cores, issue #33) lost its turn's lease mid-request, its save was refused, and
+    # with no reaper to send the turn again the session waited for ever.
+    settings=FleetSettings(lease_ttl_s=30.0, reaper_interval_s=0.5, queue=os.environ["LOUSHO_TEST_FLEET_QUEUE"]),
     limits=limits,
 )
