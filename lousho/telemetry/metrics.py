@@ -17,6 +17,7 @@ For the dashboard (or any ASGI app): `app.mount("/metrics", metrics_app(store))`
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -217,6 +218,23 @@ class _ThisProcess:
         yield from REGISTRY.collect()
 
 
+class _WorkersFiles(MultiProcessCollector):
+    """prometheus_client's collector of the worker processes' files, skipping a file still at 0 bytes: a worker
+    creates its file, then sizes it, and a scrape in between failed whole (`struct.error`); a worker killed in
+    that moment left the empty file for good, and every later scrape failed (prometheus/client_python#1199,
+    seen in a loaded CI run, issue #33). Such a file holds nothing yet."""
+
+    def collect(self) -> Any:
+        files = []
+        for path in glob.glob(os.path.join(self._path, "*.db")):
+            try:
+                if os.path.getsize(path) > 0:
+                    files.append(path)
+            except OSError:  # removed since listed (`mark_process_dead`'s clean-up)
+                continue
+        return self.merge(files, accumulate=True)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+
+
 def metrics_registry(store: Any = None, *, multiprocess_dir: str | None = None) -> CollectorRegistry:
     """A registry with the store's metrics (`StoreCollector`, when `store` is given: any store bundle,
     the fleet's gauges and counters on a `RedisStore`) and the workers' (`lousho_step_seconds`) read from
@@ -229,7 +247,7 @@ def metrics_registry(store: Any = None, *, multiprocess_dir: str | None = None) 
                 f"the metrics folder {folder!r} does not exist: create it before the workers start "
                 "(PROMETHEUS_MULTIPROC_DIR, the same folder for every worker process on the host)"
             )
-        MultiProcessCollector(registry, path=folder)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
+        _WorkersFiles(registry, path=folder)  # type: ignore[no-untyped-call]  # untyped in prometheus_client
     else:
         registry.register(_ThisProcess())
     if store is not None:

@@ -4,6 +4,8 @@ docs/observability.md's examples (issue #19)."""
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
@@ -20,6 +23,7 @@ from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.redis import RedisStore
 from lousho.telemetry import hooks
 from lousho.telemetry.extras import MissingExtraError
+from lousho.telemetry.metrics import metrics_registry
 from lousho.worker import broker_url, create_app
 from tests.docs.walkthrough import python_blocks
 
@@ -170,3 +174,19 @@ def test_a_client_in_a_process_with_lousho_traces_sends_its_callers_span(
         if shutdown is not None:
             shutdown()
         client.app.close()
+
+
+def test_a_scrape_skips_a_workers_metrics_file_that_is_still_empty(tmp_path: Path) -> None:
+    """A worker creates its metrics file, then sizes it: a scrape in between, or for ever after a worker killed in
+    that moment, found a 0-byte file and failed whole (prometheus/client_python#1199; a loaded CI run, issue #33).
+    The empty file is skipped, and the other workers' figures are served."""
+    record = "from lousho.telemetry.metrics import observe_step; observe_step('model_turn', 'finished', 0.2)"
+    subprocess.run([sys.executable, "-c", record], env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+                   check=True, timeout=60)  # fmt: skip
+    (tmp_path / "histogram_4194305.db").touch()  # a worker killed between creating its file and sizing it
+
+    scraped = generate_latest(metrics_registry(multiprocess_dir=str(tmp_path))).decode()
+
+    families = {f.name: f for f in text_string_to_metric_families(scraped)}
+    counts = [s.value for s in families["lousho_step_seconds"].samples if s.name == "lousho_step_seconds_count"]
+    assert counts == [1.0]
