@@ -322,6 +322,9 @@ class Approver:
         self.rng = random.Random(seed)
         self.approve = approve
         self.decisions: dict[str, bool] = {}
+        self.maybe: dict[str, bool] = {}
+        """Decisions whose request failed with a typed error (Redis going down): each may have landed first. One
+        that did stands (a pause run again applies it, issue #33); one that did not is shown pending again."""
         self.notes: dict[str, str] = {}
         self.violations: list[str] = []
         self.refused_twice = 0
@@ -338,6 +341,9 @@ class Approver:
             except ApprovalAlreadyResolvedError:
                 self.violations.append(f"approval {snapshot.id} of {call} was decided by someone else")
                 continue
+            except StoreUnavailableError:
+                self.maybe[call] = approved
+                raise
             self.decisions[call], self.notes[call] = approved, note
             self.fleet.faults["approvals decided"] += 1
             if self.rng.random() < 0.3:  # a double click: the second decision must be refused
@@ -474,7 +480,7 @@ def check_sessions(
     violations = [f"provider: {v}" for v in fleet.violations()]
     runs, asked = fleet.counts("runs"), fleet.counts("asked")
     figures: Counter[str] = Counter()
-    decisions = approver.decisions if approver else {}
+    decisions = {**approver.maybe, **approver.decisions} if approver else {}
     for session, script in scripts.items():
         checkpoint = fleet.store.checkpoints.load(session)
         if checkpoint is None or checkpoint.status != "finished":
