@@ -25,21 +25,23 @@ class AbortSignal:
     """Fires once. `abort()` from any thread; `await wait()` or poll `aborted` in tools."""
 
     def __init__(self) -> None:
-        self._fired = threading.Event()
+        # A flag under a lock, not a threading.Event (a Condition, a lock and a deque): a fleet worker holds a
+        # signal for every step in flight, hundreds a process (issue #29).
+        self._fired = False
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
         self.reason: str | None = None
 
     @property
     def aborted(self) -> bool:
-        return self._fired.is_set()
+        return self._fired
 
     def abort(self, reason: str = "aborted") -> None:
         with self._lock:
-            if self._fired.is_set():
+            if self._fired:
                 return
             self.reason = reason
-            self._fired.set()
+            self._fired = True
             callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
@@ -47,7 +49,7 @@ class AbortSignal:
     def on_abort(self, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` once when the signal fires (now, if it already has); returns an undo."""
         with self._lock:
-            if not self._fired.is_set():
+            if not self._fired:
                 self._callbacks.append(callback)
                 return lambda: self._remove(callback)
         callback()

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lousho.abort import AbortSignal, RunAborted
+from lousho.abort import AbortSignal, RunAborted, void
 from lousho.checkpoint import Checkpoint
 from lousho.definition import ResolvedAgent, call_hook
 from lousho.errors import PropagatingToolError
@@ -142,15 +142,19 @@ async def abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
         return await awaitable
     signal.raise_if_aborted()
     work = asyncio.ensure_future(awaitable)
-    aborted = asyncio.ensure_future(signal.wait())
+    # The signal cancels the work from its callback (from any thread), where a second task awaiting the signal
+    # raced it before: a fleet worker holds this for every step in flight, hundreds a process (issue #29).
+    loop = asyncio.get_running_loop()
+    undo = signal.on_abort(lambda: void(loop.call_soon_threadsafe(work.cancel)))
     try:
-        await asyncio.wait({work, aborted}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if signal.aborted and not (current and current.cancelling()):  # ours, not the caller's own cancel
+            raise RunAborted(signal.reason) from None
+        raise
     finally:
-        aborted.cancel()
-    if not work.done():
-        work.cancel()
-        raise RunAborted(signal.reason)
-    return work.result()
+        undo()
 
 
 async def take_model_turn(

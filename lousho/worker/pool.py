@@ -33,8 +33,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import greenlet
@@ -91,14 +90,42 @@ async def _drive(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class _Applied:
-    """What `on_apply` returns (Celery reads it only for `get`/`wait`)."""
+    """What `on_apply` returns: the task's outcome, once it is over (Celery keeps a weak reference to it and
+    reads it only for `get`/`wait`). Plain fields, and an event made only for a caller that waits: the pool
+    holds one for every task in flight, hundreds a process (issue #29)."""
 
-    def __init__(self, future: Future[Any]) -> None:
-        self.future = future
-        self.get = future.result
+    __slots__ = ("__weakref__", "_done", "_error", "_lock", "_result", "_waiter")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._waiter: threading.Event | None = None
+
+    def settle(self, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._done, self._result, self._error = True, result, error
+            waiter = self._waiter
+        if waiter is not None:
+            waiter.set()
 
     def wait(self, timeout: float | None = None) -> None:
-        wait_futures([self.future], timeout)
+        with self._lock:
+            if self._done:
+                return
+            if self._waiter is None:
+                self._waiter = threading.Event()
+            waiter = self._waiter
+        waiter.wait(timeout)
+
+    def get(self, timeout: float | None = None) -> Any:
+        self.wait(timeout)
+        if not self._done:
+            raise TimeoutError("the task is still running")
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 class _LoopThread:
@@ -119,13 +146,19 @@ class _LoopThread:
         finally:  # stopped (`stop`): what was in flight is unacked, delivered again; the loop's resources go now
             self.loop.close()
 
-    def submit(self, *applied: Any) -> Future[Any]:
+    def submit(self, applied: tuple[Any, ...], on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        """Run Celery's tracer for `applied` on this loop; `on_done(task)` in the loop's thread once it is over.
+        A task made on the loop, not `run_coroutine_threadsafe`'s future beside it (issue #29: one object less
+        a step in flight)."""
         self.in_flight += 1
-        future = asyncio.run_coroutine_threadsafe(_drive(apply_target, *applied), self.loop)
-        future.add_done_callback(self._done)
-        return future
+        self.loop.call_soon_threadsafe(self._spawn, applied, on_done)
 
-    def _done(self, _future: Future[Any]) -> None:
+    def _spawn(self, applied: tuple[Any, ...], on_done: Callable[[asyncio.Task[Any]], None]) -> None:
+        task = self.loop.create_task(_drive(apply_target, *applied))
+        task.add_done_callback(self._done)
+        task.add_done_callback(on_done)
+
+    def _done(self, _task: asyncio.Task[Any]) -> None:
         self.in_flight -= 1
 
     def stop(self) -> None:
@@ -134,13 +167,11 @@ class _LoopThread:
             self._thread.join(timeout=10)
 
 
-def _copy_outcome(source: Future[Any], target: Future[Any]) -> None:
-    if source.cancelled():
-        target.cancel()
-    elif (error := source.exception()) is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())
+def _outcome(task: asyncio.Task[Any]) -> tuple[Any, BaseException | None]:
+    if task.cancelled():
+        return None, asyncio.CancelledError()
+    error = task.exception()
+    return (None, error) if error is not None else (task.result(), None)
 
 
 class AsyncioPool(BasePool):  # type: ignore[misc]
@@ -159,13 +190,15 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         self.limit: int = int(self.limit or DEFAULT_SLOTS)
         self.loops: list[_LoopThread] = []
-        self._in_flight: set[Future[Any]] = set()
         self.most_in_flight = 0
         """The most tasks this process held at once (counted, for `celery inspect stats` and the bench)."""
         self._slots = threading.Lock()
         self._running = 0
         """Tasks on a loop now: at most `limit`."""
-        self._waiting: collections.deque[tuple[tuple[Any, ...], Future[Any]]] = collections.deque()
+        self._held = 0
+        """Tasks applied and not over: those running and those waiting for a slot."""
+        self._all_over = threading.Condition(self._slots)
+        self._waiting: collections.deque[tuple[tuple[Any, ...], _Applied]] = collections.deque()
         """Tasks taken past the slots, oldest first: for a moment, a task acknowledged and not yet over; or the
         prefetch of `worker_prefetch_multiplier` above 1."""
 
@@ -185,38 +218,44 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
         accept_callback: Callable[..., Any] | None = None,
         **_: Any,
     ) -> _Applied:
-        handed: Future[Any] = Future()
-        self._in_flight.add(handed)
-        self.most_in_flight = max(self.most_in_flight, len(self._in_flight))
-        handed.add_done_callback(self._in_flight.discard)
+        outcome = _Applied(self._slots)
         applied = (target, args, kwargs, callback, accept_callback)
         with self._slots:
+            self._held += 1
+            self.most_in_flight = max(self.most_in_flight, self._held)
             free = self._running < self.limit
             if free:
                 self._running += 1
             else:
-                self._waiting.append((applied, handed))
+                self._waiting.append((applied, outcome))
         if free:
-            self._start(applied, handed)
-        return _Applied(handed)
+            self._start(applied, outcome)
+        return outcome
 
-    def _start(self, applied: tuple[Any, ...], handed: Future[Any]) -> None:
+    def _start(self, applied: tuple[Any, ...], outcome: _Applied) -> None:
         loop = min(self.loops, key=lambda candidate: candidate.in_flight)
-        loop.submit(*applied).add_done_callback(functools.partial(self._finished, handed))
+        loop.submit(applied, functools.partial(self._finished, outcome))
 
-    def _finished(self, handed: Future[Any], running: Future[Any]) -> None:
+    def _finished(self, outcome: _Applied, task: asyncio.Task[Any]) -> None:
         """A task is over (in its loop's thread): its slot goes to the task that waited longest, or is free."""
-        _copy_outcome(running, handed)
+        result, error = _outcome(task)
+        if error is not None:  # Celery's tracer reports a task's own errors: this is the pool's, or a stop
+            log.error("lousho's pool: a task's run ended with %r", error, exc_info=error)
         with self._slots:
             waited = self._waiting.popleft() if self._waiting else None
             if waited is None:
                 self._running -= 1
+            self._held -= 1
+            if not self._held:
+                self._all_over.notify_all()
+        outcome.settle(result, error)
         if waited is not None:
             self._start(*waited)
 
     def on_stop(self) -> None:
         """Warm shutdown: let every task in flight finish (and ack), then stop the loops."""
-        wait_futures(list(self._in_flight))
+        with self._slots:
+            self._all_over.wait_for(lambda: not self._held)
         self.on_terminate()
 
     def on_terminate(self) -> None:
@@ -226,6 +265,6 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
 
     def _get_info(self) -> dict[str, Any]:
         info: dict[str, Any] = super()._get_info()
-        info.update({"max-concurrency": self.limit, "in-flight": len(self._in_flight), "loops": len(self.loops)})
+        info.update({"max-concurrency": self.limit, "in-flight": self._held, "loops": len(self.loops)})
         info["most-in-flight"] = self.most_in_flight
         return info
