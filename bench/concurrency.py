@@ -1,6 +1,8 @@
 """The waiting workload on a fleet (issue #29): N sessions, each a model turn (1 s), a tool call (0.5 s) and a
 model turn (1 s), on at most 2 worker processes, against bare Celery tasks with the same sleeps chained the same
-way on Celery's threads pool: same broker, same Celery settings, same slots per process, in the same run.
+way on Celery's threads pool: same broker, same Celery settings, same slots per process, in the same run. A third
+side runs the floor's tasks on lousho's pool (`pooled`), so the page tells what the pool costs from what a lousho
+step adds.
 
     python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--model-s 1.0] [--tool-s 0.5] [--out DIR]
 
@@ -39,7 +41,11 @@ from lousho.testing.workers import WorkerProcess, start_worker
 from lousho.worker import FleetSettings, broker_url
 
 PROCESSES = 2
-SIDES = {"lousho": ("bench.waiting_app:app", "lousho"), "floor": ("bench.waiting_app:floor", "threads")}
+SIDES = {
+    "lousho": ("bench.waiting_app:app", "lousho"),
+    "floor": ("bench.waiting_app:floor", "threads"),
+    "pooled": ("bench.waiting_app:pooled", "lousho"),  # the floor's tasks on lousho's pool: the pool's own cost
+}
 ENQUEUERS = 8
 """Threads sending the sessions, on both sides (a web app's many request handlers)."""
 
@@ -163,8 +169,9 @@ def _sender(url: str, side: str, prefix: str, queue: str) -> Any:
         return lambda session: lousho.enqueue("waiting", "wait for me", session_id=session)
     sender = Celery("lousho-waiting-floor-client", set_as_current=False)
     sender.conf.update(celery_config(broker_url(url), FleetSettings(queue=queue)))
-    return lambda session: sender.send_task(  # as bench.waiting_app.send_floor_step
-        "bench.waiting_step", args=[session, 0], task_id=f"{session}/step/0", queue=queue
+    task = "bench.waiting_step" if side == "floor" else "bench.waiting_pooled_step"
+    return lambda session: sender.send_task(  # as bench.waiting_app.send_floor_step / send_pooled_step
+        task, args=[session, 0], task_id=f"{session}/step/0", queue=queue
     )
 
 
@@ -238,6 +245,30 @@ def section(found: dict[str, Any]) -> list[str]:
             f"| {ours['worker_cpu_ms_per_session']:.1f} / {floor['worker_cpu_ms_per_session']:.1f} "
             f"| {ours['redis_commands_per_session']:.0f} / {floor['redis_commands_per_session']:.0f} |"
         )
+    return [*lines, "", *_pool_alone(found["rows"])]
+
+
+def _pool_alone(rows: list[dict[str, Any]]) -> list[str]:
+    """The floor's tasks on lousho's pool (`pooled`): what the pool costs, and what a lousho step adds to it."""
+    rows = [row for row in rows if "pooled" in row]
+    if not rows:
+        return []
+    lines = [
+        "The pool alone: the floor's tasks (the same sleeps, awaited) on lousho's pool, 2 processes, same slots. "
+        "What a lousho step adds is lousho's figure less this one.",
+        "",
+        "| sessions | wall | / floor's | most in flight / process | KB / in-flight session | / floor's "
+        "| a lousho step adds, KB | worker CPU ms / session |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        pooled, floor, ours = row["pooled"], row["floor"], row["lousho"]
+        kb, floor_kb, ours_kb = pooled["kb_per_session"], floor["kb_per_session"], ours["kb_per_session"]
+        lines.append(
+            f"| {row['sessions']} | {pooled['wall_s']:.2f} s | {pooled['wall_s'] / floor['wall_s']:.2f} "
+            f"| {pooled['most_in_flight']} | {_kb(kb)} | {f'{kb / floor_kb:.2f}' if kb and floor_kb else 'n/a'} "
+            f"| {f'{ours_kb - kb:.1f}' if kb and ours_kb else 'n/a'} | {pooled['worker_cpu_ms_per_session']:.1f} |"
+        )
     return [*lines, ""]
 
 
@@ -256,7 +287,7 @@ def run(url: str, sizes: tuple[int, ...], sleeps: Sleeps = Sleeps()) -> dict[str
     rows: list[dict[str, Any]] = []
     for sessions in sizes:
         row: dict[str, Any] = {"sessions": sessions}
-        for side in ("floor", "lousho"):
+        for side in ("floor", "pooled", "lousho"):
             row[side] = measure(url, side, sessions, log_dir, sleeps)
             print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
                   f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip

@@ -1,11 +1,13 @@
 """The waiting workload (issue #29), as the agents of a real fleet spend their time: a model turn that
 answers after `LOUSHO_BENCH_MODEL_S` (default 1 s), one tool call that awaits `LOUSHO_BENCH_TOOL_S`
-(default 0.5 s), and a final model turn. Two apps, served by `celery -A bench.waiting_app:<app> worker`:
+(default 0.5 s), and a final model turn. Three apps, served by `celery -A bench.waiting_app:<app> worker`:
 
 - `app`: a lousho agent on a `ScriptedProvider(latency_s=...)`;
 - `floor`: bare Celery tasks with the same sleeps chained the same way (model, tool, model), each
   enqueueing the next, on the same broker and Celery settings (`celery_config`), run on Celery's own
-  pool for I/O (`-P threads`); time.sleep, as a bare Celery task of a sync codebase waits.
+  pool for I/O (`-P threads`); time.sleep, as a bare Celery task of a sync codebase waits;
+- `pooled`: the floor's tasks on lousho's pool (each awaits its sleep on the pool's loop): what the pool
+  alone costs, so the bench tells it apart from what a lousho step adds.
 
 Both push `{"session", "t"}` to `<prefix>bench:done` when a session ends. Configured like
 `bench.fleet_app`: `LOUSHO_BENCH_REDIS`, `LOUSHO_BENCH_PREFIX`, `LOUSHO_BENCH_QUEUE`.
@@ -31,6 +33,7 @@ from lousho.providers import ScriptedProvider, tool_calls
 from lousho.providers.base import ModelRequest
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url, create_app
+from lousho.worker.pool import await_on_loop
 
 URL = os.environ["LOUSHO_BENCH_REDIS"]
 PREFIX = os.environ["LOUSHO_BENCH_PREFIX"]
@@ -145,5 +148,27 @@ def floor_step(session: str, index: int) -> None:
     time.sleep(PLAN[index])
     if index + 1 < len(PLAN):
         send_floor_step(floor, session, index + 1)
+    else:
+        finished(session)
+
+
+# -- the pool alone: the floor's tasks on lousho's pool ---------------------------------------------
+
+pooled = Celery("lousho-waiting-pooled", set_as_current=False)
+pooled.conf.update(celery_config(broker_url(URL), FleetSettings(queue=QUEUE)))  # lousho's pool: the default
+POOLED_STEP = "bench.waiting_pooled_step"
+
+
+def send_pooled_step(client_app: Celery, session: str, index: int) -> None:
+    client_app.send_task(
+        POOLED_STEP, args=[session, index], task_id=f"{session}/step/{index}", queue=client_app.conf.task_default_queue
+    )
+
+
+@pooled.task(name=POOLED_STEP)  # type: ignore[untyped-decorator]
+def pooled_step(session: str, index: int) -> None:
+    await_on_loop(asyncio.sleep(PLAN[index]))
+    if index + 1 < len(PLAN):
+        send_pooled_step(pooled, session, index + 1)
     else:
         finished(session)
