@@ -28,7 +28,9 @@ AGENT = Agent(
 )
 
 
-def test_a_worker_forgets_a_sessions_transcript_once_the_session_stops(redis_url: str, redis_store: RedisStore) -> None:
+def test_a_worker_forgets_a_sessions_transcript_once_its_step_ends(redis_url: str, redis_store: RedisStore) -> None:
+    """The session's next step runs on any process of the fleet: a transcript kept for it would sit in this one
+    meanwhile, several sessions' for each step in flight."""
     provider = ScriptedProvider([tool_calls(("c1", "echo", {"text": "hi"})), "done"], by_turn=True)
     with FleetDriver(agents=[AGENT], redis_url=redis_url, store=redis_store, provider=provider,
                      settings=FleetSettings(lease_ttl_s=60.0)) as driver:  # fmt: skip
@@ -36,7 +38,8 @@ def test_a_worker_forgets_a_sessions_transcript_once_the_session_stops(redis_url
         driver.client.enqueue("echoer", "go", session_id="s")
         [first] = driver.pending()
         driver.deliver(first)
-        assert cache.get("s") is not None, "mid-run, the process keeps the transcript its next save builds on"
+        assert driver.client.status("s").status == "in-progress"
+        assert cache.get("s") is None, "between two steps, the process keeps no transcript of the session"
 
         driver.run_until_idle()
 
