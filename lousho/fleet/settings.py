@@ -57,6 +57,10 @@ class FleetSettings:
     the session, the tool call gets an error result."""
     lock_wait_s: float = 5.0
     """How long a finished tool call waits for the session's lease to fold its result in."""
+    transcript_keep_s: float = 1.0
+    """How long a worker process keeps a session's transcript after its step, for the session's next step if
+    that runs in the same process (then it reads only the checkpoint's head and sends only new messages). Kept
+    longer, a process holds the transcripts of the sessions waiting between steps (issue #29)."""
     queue: str | None = None
     """The Celery queue lousho's tasks go to (workers consume it: `celery worker -Q <queue>`). None: each app
     its own, named after its agents (`lousho:queue:<agent>[+<agent>...]`, `lousho.fleet.registry.app_queue`), and

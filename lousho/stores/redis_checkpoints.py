@@ -274,6 +274,11 @@ class RedisCheckpointStore:
         of sessions long over (issue #29)."""
         self._cache.drop(session_id)
 
+    def set_aside_transcript(self, session_id: str, keep_s: float) -> None:
+        """The worker's step of the session is over: keep what this process remembers of its transcript `keep_s`
+        more, for the session's next step if it runs here, then forget it (issue #29: `SessionCache.set_aside`)."""
+        self._cache.set_aside(session_id, keep_s)
+
     # -- load ------------------------------------------------------------------------------
 
     def load(self, session_id: str) -> Checkpoint | None:

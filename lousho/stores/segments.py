@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -323,18 +324,27 @@ class Known:
 class SessionCache:
     """A small LRU of `Known` per session. An entry is used only when the stored head carries its
     writer id, so a stale one (another process saved, a save failed) costs a full write, never a
-    wrong save."""
+    wrong save.
+
+    An entry `set_aside` (a fleet worker's step of the session is over) is kept `keep_s` more for the
+    session's next step, which may run in this process soon, then dropped unless a step used it again:
+    a worker would otherwise hold the transcripts of every session waiting between two steps, several
+    for each step it runs (issue #29)."""
 
     def __init__(self, size: int = 1024) -> None:
         self._size = size
         self._entries: OrderedDict[str, Known] = OrderedDict()
+        self._aside: OrderedDict[str, float] = OrderedDict()
+        """Session -> when its entry goes (time.monotonic), in the order they were set aside."""
         self._lock = threading.Lock()
 
-    def get(self, session_id: str) -> Known | None:
+    def get(self, session_id: str, now: float | None = None) -> Known | None:
         with self._lock:
+            self._expire(time.monotonic() if now is None else now)
             known = self._entries.get(session_id)
             if known is not None:
                 self._entries.move_to_end(session_id)
+                self._aside.pop(session_id, None)  # in use again
             return known
 
     def put(self, session_id: str, known: Known) -> None:
@@ -343,11 +353,31 @@ class SessionCache:
         with self._lock:
             self._entries[session_id] = known
             self._entries.move_to_end(session_id)
+            self._aside.pop(session_id, None)
             while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+                evicted, _ = self._entries.popitem(last=False)
+                self._aside.pop(evicted, None)
 
     def drop(self, session_id: str) -> None:
         with self._lock:
+            self._entries.pop(session_id, None)
+            self._aside.pop(session_id, None)
+
+    def set_aside(self, session_id: str, keep_s: float, now: float | None = None) -> None:
+        """Keep the session's entry `keep_s` more, then drop it unless a `get` or `put` used it again."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if session_id in self._entries:
+                self._aside.pop(session_id, None)
+                self._aside[session_id] = now + keep_s
+            self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        while self._aside:
+            session_id, until = next(iter(self._aside.items()))
+            if until > now:
+                return
+            del self._aside[session_id]
             self._entries.pop(session_id, None)
 
     def reusable(self, session_id: str, version: int, head: Head | None) -> Known | None:

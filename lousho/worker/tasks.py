@@ -73,10 +73,10 @@ def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> st
         except NEEDS_A_HUMAN as exc:
             steps.park(str(exc))
             raise
-        # The session's next step runs on any process of the fleet (this one, 1 time in N): the transcript kept
-        # for it would sit here meanwhile, several sessions' for each step in flight (issue #29's memory per
-        # in-flight session). The next step's read fills it again for that step's saves.
-        runtime.store.checkpoints.forget_transcript(session_id)
+        if outcome in ENDED:
+            runtime.store.checkpoints.forget_transcript(session_id)
+        else:  # its next step runs on any process of the fleet: kept only for a moment (issue #29)
+            runtime.store.checkpoints.set_aside_transcript(session_id, runtime.settings.transcript_keep_s)
         return outcome
     except SessionSupersededError as exc:  # the session was deleted or made anew meanwhile (issue #21)
         log.warning("session %r: %s", str(session_id)[:200], exc)
@@ -88,6 +88,8 @@ def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> st
 
 STOPPED = {"finished": "finished", "aborted": "aborted"}
 """A step's outcome that the session's event stream tells as how the run stopped (issue #34)."""
+ENDED = {*STOPPED, "parked"}
+"""A step's outcome after which the session's next save is a client's: the process forgets its transcript."""
 
 
 async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
