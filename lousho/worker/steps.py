@@ -22,6 +22,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from lousho.abort import AbortSignal, RunAborted
@@ -183,7 +184,9 @@ class SessionSteps:
         self.step_end.redispatch = redispatch
         try:
             async with heartbeat(self.runtime, self.session_id, lease, self.signal):
-                outcome = await self._advance_locked(lease, begun, expected_turn)
+                step = self._advance_locked(lease, begun, expected_turn)
+                del begun  # the step drops the checkpoint it read once it has made its own (issue #29)
+                outcome = await step
         except BaseException:
             self.step_end.forget()
             settle_slot(self, None)  # failed: the reaper sends it again, and it takes a slot again (issue #29)
@@ -215,6 +218,9 @@ class SessionSteps:
         self.parent_session_id = begun.checkpoint.parent_session_id
         run = await self.make_run(begun.checkpoint, lease)
         checkpoint = materialize_accepted(begun.checkpoint, run.agent.instructions)
+        # A first turn's checkpoint is made from the accepted record; the step holds that one alone while it waits
+        # on the model, not the record too (issue #29: memory per call in flight).
+        begun = replace(begun, checkpoint=None)
         try:
             return await self._step(run, checkpoint, expected_turn, begun, lease)
         except RunAborted:

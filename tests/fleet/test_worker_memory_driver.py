@@ -4,6 +4,7 @@ so what it holds must follow the sessions in flight, not every session it ever s
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -11,8 +12,10 @@ import pytest
 from pydantic import BaseModel
 
 from lousho import Agent, ToolContext, define_tool
+from lousho.checkpoint import Checkpoint
 from lousho.fleet import FleetSettings
 from lousho.providers import ScriptedProvider, tool_calls
+from lousho.providers.base import ModelRequest
 from lousho.stores.redis import RedisStore
 from lousho.stores.segments import Known, SessionCache
 from lousho.testing.fleet import FleetDriver
@@ -89,3 +92,25 @@ def test_a_scripted_provider_without_recording_keeps_no_request(redis_url: str, 
         assert driver.client.status("s").status == "finished"
     assert provider.answered == 2
     assert provider.calls == []
+
+
+def test_a_first_turn_holds_no_accepted_record_while_it_asks_the_model(redis_url: str, redis_store: RedisStore) -> None:
+    """A first turn's checkpoint is made from the record `Client.enqueue` wrote; while the step waits on the model
+    it holds that checkpoint, not the record too (a first turn in flight held both)."""
+    records_held: list[int] = []
+
+    def answer(request: ModelRequest) -> str:  # the model is asked: what does the process hold now?
+        records_held.append(sum(1 for held in gc.get_objects() if is_accepted_record(held, "s")))
+        return "done"
+
+    provider = ScriptedProvider([answer], by_turn=True)
+    with FleetDriver(agents=[AGENT], redis_url=redis_url, store=redis_store, provider=provider,
+                     settings=FleetSettings(lease_ttl_s=60.0)) as driver:  # fmt: skip
+        driver.client.enqueue("echoer", "go", session_id="s")
+        driver.run_until_idle()
+        assert driver.client.status("s").status == "finished"
+    assert records_held == [0]
+
+
+def is_accepted_record(value: object, session_id: str) -> bool:
+    return isinstance(value, Checkpoint) and value.session_id == session_id and bool(value.pending_input)
