@@ -170,7 +170,7 @@ def _sender(url: str, side: str, prefix: str, queue: str) -> Any:
     sender = Celery("lousho-waiting-floor-client", set_as_current=False)
     sender.conf.update(celery_config(broker_url(url), FleetSettings(queue=queue)))
     task = "bench.waiting_step" if side == "floor" else "bench.waiting_pooled_step"
-    return lambda session: sender.send_task(  # as bench.waiting_app.send_floor_step / send_pooled_step
+    return lambda session: sender.send_task(  # as bench.waiting_app.send_step
         task, args=[session, 0], task_id=f"{session}/step/0", queue=queue
     )
 

@@ -137,9 +137,10 @@ PLAN = (MODEL_S, TOOL_S, MODEL_S)
 """The floor session's steps: model, tool, model (each a task that sleeps, then sends the next)."""
 
 
-def send_floor_step(client_app: Celery, session: str, index: int) -> None:
+def send_step(client_app: Celery, task: str, session: str, index: int) -> None:
+    """Send step `index` of a bare session (the floor's, or the pool-alone side's `task`)."""
     client_app.send_task(
-        FLOOR_STEP, args=[session, index], task_id=f"{session}/step/{index}", queue=client_app.conf.task_default_queue
+        task, args=[session, index], task_id=f"{session}/step/{index}", queue=client_app.conf.task_default_queue
     )
 
 
@@ -147,7 +148,7 @@ def send_floor_step(client_app: Celery, session: str, index: int) -> None:
 def floor_step(session: str, index: int) -> None:
     time.sleep(PLAN[index])
     if index + 1 < len(PLAN):
-        send_floor_step(floor, session, index + 1)
+        send_step(floor, FLOOR_STEP, session, index + 1)
     else:
         finished(session)
 
@@ -159,16 +160,10 @@ pooled.conf.update(celery_config(broker_url(URL), FleetSettings(queue=QUEUE)))  
 POOLED_STEP = "bench.waiting_pooled_step"
 
 
-def send_pooled_step(client_app: Celery, session: str, index: int) -> None:
-    client_app.send_task(
-        POOLED_STEP, args=[session, index], task_id=f"{session}/step/{index}", queue=client_app.conf.task_default_queue
-    )
-
-
 @pooled.task(name=POOLED_STEP)  # type: ignore[untyped-decorator]
 def pooled_step(session: str, index: int) -> None:
     await_on_loop(asyncio.sleep(PLAN[index]))
     if index + 1 < len(PLAN):
-        send_pooled_step(pooled, session, index + 1)
+        send_step(pooled, POOLED_STEP, session, index + 1)
     else:
         finished(session)
