@@ -37,6 +37,8 @@ from kombu.utils import json as kombu_json
 from kombu.utils.collections import HashedSeq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
+
 __all__ = ["AMQP", "REJECTED_KEPT", "KombuEnvelope", "decode_entry", "rejected_key"]
 
 log = logging.getLogger("lousho.worker")
@@ -122,6 +124,7 @@ class Channel(redis.Channel):
     for its commands."""
 
     _sync_client: Any = None
+    QoS = BatchedQoS
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         """kombu makes a new redis-py client for every publish (each Celery task event), ack and queue-length read
@@ -150,7 +153,7 @@ class Channel(redis.Channel):
             key, entry = reply
             queue = _bytes_to_str(key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(queue)
-            if not self._take_in(queue, entry):
+            if not self._take_in_batch(queue, key, entry):
                 raise Empty()  # nothing delivered, as when BRPOP times out
             return True
         finally:
@@ -158,6 +161,28 @@ class Channel(redis.Channel):
             flush_reauth = getattr(self, "_flush_brpop_reauth", None)  # kombu 5.7's re-auth hook
             if flush_reauth is not None:
                 flush_reauth()
+
+    def _take_in_batch(self, queue: str, key: bytes, entry: bytes) -> bool:
+        """Deliver `entry`, and up to `TAKEN_AT_ONCE` - 1 more of the same queue that the prefetch has room for,
+        taken in the round trip that records the first (issue #29: one read an entry, and a round trip to record
+        each, held a busy worker's intake to the round trips of its one consumer thread). Whether any was delivered.
+
+        The entries popped are in this process only until they are delivered and recorded, a moment later, as
+        kombu's own entry between its `BRPOP` and its record: a worker killed then loses them, and the reaper
+        sends their sessions' steps again (the checkpoint, saved before any message, says what is owed)."""
+        qos = self.qos
+        room = _room(qos) - 1
+        if room <= 0 or not isinstance(qos, BatchedQoS):
+            return self._take_in(queue, entry)  # kombu's way: the entry recorded as it is delivered
+        qos.begin_taking_in()
+        try:
+            delivered = self._take_in(queue, entry)
+            more = qos.write_taken(then=("RPOP", key, min(room, TAKEN_AT_ONCE - 1)))[0] or []
+            for extra in more:
+                delivered = self._take_in(queue, extra) or delivered
+        finally:
+            qos.end_taking_in()
+        return delivered
 
     def _take_in(self, queue: str, entry: bytes) -> bool:
         """Deliver the entry to the queue's consumer (Celery); if it is no message, or Celery's
@@ -199,7 +224,32 @@ class Channel(redis.Channel):
             client.pipeline().lpush(key, entry).ltrim(key, 0, REJECTED_KEPT - 1).execute()
 
 
-class Transport(redis.Transport):
+def _room(qos: Any) -> int:
+    """How many more messages the prefetch lets the channel take (kombu's estimate; no limit: `TAKEN_AT_ONCE`)."""
+    estimate = qos.can_consume_max_estimate()
+    return TAKEN_AT_ONCE if estimate is None else int(estimate)
+
+
+class _AcksOnTick:
+    """A transport whose event loop (Celery's worker) removes the acks of each turn in one pipeline, at its end."""
+
+    channels: list[Any]
+    acks_on_tick = False
+    """Read by `BatchedQoS.ack`: whether an event loop flushes the acks of its channels at the end of each turn."""
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)  # type: ignore[misc]  # kombu's
+        self.acks_on_tick = True  # the hub's thread runs every ack (Celery's `call_soon`)
+        loop.on_tick.add(self.flush_acks)
+
+    def flush_acks(self) -> None:
+        for channel in list(self.channels):
+            qos = channel._qos  # noqa: SLF001 -- kombu makes it on first use
+            if isinstance(qos, BatchedQoS):
+                qos.flush_acks()
+
+
+class Transport(_AcksOnTick, redis.Transport):
     """kombu's Redis transport with `Channel`."""
 
     Channel = Channel
@@ -209,7 +259,7 @@ class SentinelChannel(Channel, redis.SentinelChannel):
     """kombu's Sentinel channel (its pool follows the master) taking in only what it can deliver (issue #18)."""
 
 
-class SentinelTransport(redis.SentinelTransport):
+class SentinelTransport(_AcksOnTick, redis.SentinelTransport):
     """kombu's Redis Sentinel transport with `SentinelChannel`."""
 
     Channel = SentinelChannel
