@@ -1,0 +1,216 @@
+"""A worker takes its queue in and acknowledges in batches, with kombu's records kept (lousho/fleet/broker_qos.py,
+issue #29): one read takes up to `TAKEN_AT_ONCE` entries the prefetch has room for, each recorded among kombu's
+unacknowledged messages before it can be acknowledged; an event loop's acks leave Redis at the end of its turn."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from kombu import Consumer, Exchange, Producer, Queue
+
+from lousho import Message
+from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
+from lousho.fleet.transport import Connection, decode_entry, rejected_key
+from lousho.worker import broker_url
+from tests.fleet.conftest import Fleet
+
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"  # kombu's Redis transport's default keys
+
+
+class Taker:
+    """A kombu consumer on lousho's transport, as a worker's: it keeps what it was delivered, read by read."""
+
+    def __init__(self, connection: Connection, queue: str, prefetch: int, refuse: str | None = None) -> None:
+        self.connection, self.refuse = connection, refuse
+        self.delivered: list[Any] = []
+        self.channel = connection.channel()
+        declared = Queue(queue, Exchange(queue, type="direct"), routing_key=queue, channel=self.channel)
+        declared.declare()
+        self.consumer = Consumer(self.channel, [declared], callbacks=[self._receive], accept=["json"])
+        self.consumer.qos(prefetch_count=prefetch)
+        self.consumer.consume()
+
+    def _receive(self, body: Any, message: Any) -> None:
+        if body == self.refuse:  # as Celery's handler raising on a message it cannot read
+            raise ValueError("cannot read this one")
+        self.delivered.append(message)
+
+    def read(self) -> list[Any]:
+        """One read of the queue (one `BRPOP`, and what it takes in with it): the messages it delivered."""
+        before = len(self.delivered)
+        self.connection.drain_events(timeout=5)
+        return self.delivered[before:]
+
+    @property
+    def transport(self) -> Any:
+        return self.channel.connection
+
+    @property
+    def qos(self) -> BatchedQoS:
+        qos = self.channel.qos
+        assert isinstance(qos, BatchedQoS)
+        return qos
+
+
+@pytest.fixture
+def queue(redis_client: redis.Redis) -> Iterator[str]:
+    name = f"lousho-test-batches-{uuid.uuid4().hex[:8]}"
+    yield name
+    for key in redis_client.scan_iter(f"{name}*"):
+        redis_client.delete(key)
+    redis_client.delete(f"_kombu.binding.{name}")
+
+
+@pytest.fixture
+def connection(redis_url: str) -> Iterator[Connection]:
+    with Connection(broker_url(redis_url)) as opened:
+        yield opened
+
+
+def publish(connection: Connection, queue: str, bodies: list[str]) -> None:
+    with connection.channel() as channel:
+        producer = Producer(channel, exchange=Exchange(queue, type="direct"), routing_key=queue)
+        for body in bodies:
+            producer.publish(body, serializer="json", declare=[Queue(queue, Exchange(queue, "direct"), queue)])
+
+
+def body_of(entry: dict[str, Any]) -> Any:
+    """The body of a queue entry as kombu's Redis transport wrote it (JSON, base64-encoded)."""
+    return json.loads(base64.b64decode(entry["body"]))
+
+
+def recorded(client: redis.Redis, messages: list[Any]) -> list[bool]:
+    """Whether each message is among kombu's unacknowledged ones (its record, and its place in the index)."""
+    return [
+        bool(client.hexists(UNACKED, m.delivery_tag)) and client.zscore(UNACKED_INDEX, m.delivery_tag) is not None
+        for m in messages
+    ]
+
+
+def test_one_read_takes_in_as_many_entries_as_the_prefetch_has_room_for(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, [f"m{n}" for n in range(10)])
+    taker = Taker(connection, queue, prefetch=4)
+
+    first = taker.read()
+
+    assert [m.payload for m in first] == ["m0", "m1", "m2", "m3"], "in the order they were sent"
+    assert redis_client.llen(queue) == 6
+    assert recorded(redis_client, first) == [True] * 4
+
+
+def test_a_read_takes_at_most_taken_at_once_entries(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, [f"m{n}" for n in range(TAKEN_AT_ONCE + 5)])
+    taker = Taker(connection, queue, prefetch=1000)
+
+    assert len(taker.read()) == TAKEN_AT_ONCE
+    assert redis_client.llen(queue) == 5
+
+
+def test_with_room_for_one_message_a_read_takes_one_as_kombu_does(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "b"])
+    taker = Taker(connection, queue, prefetch=1)
+
+    taken = taker.read()
+
+    assert [m.payload for m in taken] == ["a"] and redis_client.llen(queue) == 1
+    assert recorded(redis_client, taken) == [True]
+
+
+def test_without_an_event_loop_an_ack_leaves_redis_at_once(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "b"])
+    taker = Taker(connection, queue, prefetch=10)
+    a, b = taker.read()
+
+    a.ack()
+
+    assert recorded(redis_client, [a, b]) == [False, True]
+
+
+def test_the_acks_of_an_event_loops_turn_free_their_slots_at_once_and_leave_redis_at_its_end(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "b", "c"])
+    taker = Taker(connection, queue, prefetch=2)
+    taker.transport.acks_on_tick = True  # as `register_with_event_loop` sets it for Celery's worker
+    a, b = taker.read()
+    assert not taker.qos.can_consume()
+
+    a.ack()
+    b.ack()
+
+    assert taker.qos.can_consume(), "an acknowledged message's prefetch slot is free at its ack"
+    assert recorded(redis_client, [a, b]) == [True, True], "its record leaves at the end of the turn"
+    taker.transport.flush_acks()  # the loop's tick
+    assert recorded(redis_client, [a, b]) == [False, False]
+    assert [m.payload for m in taker.read()] == ["c"]
+
+
+def test_a_message_refused_in_a_batch_is_moved_aside_and_leaves_no_record(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "bad", "c"])
+    taker = Taker(connection, queue, prefetch=10, refuse="bad")
+
+    taken = taker.read()
+
+    assert [m.payload for m in taken] == ["a", "c"]
+    assert recorded(redis_client, taken) == [True, True]
+    aside = [decode_entry(entry) for entry in redis_client.lrange(rejected_key(queue), 0, -1)]
+    assert [body_of(entry) for entry in aside] == ["bad"]
+    assert not redis_client.hexists(UNACKED, aside[0]["properties"]["delivery_tag"])
+
+
+def test_at_shutdown_what_was_acknowledged_stays_off_the_queue_and_the_rest_goes_back(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "b", "c"])
+    taker = Taker(connection, queue, prefetch=10)
+    taker.transport.acks_on_tick = True
+    a, b, c = taker.read()
+    a.ack()  # not yet removed from Redis: the turn has not ended
+
+    taker.channel.close()  # kombu puts back what it holds unacknowledged
+
+    assert sorted(body_of(decode_entry(e)) for e in redis_client.lrange(queue, 0, -1)) == ["b", "c"]
+    assert recorded(redis_client, [a, b, c]) == [False, False, False]
+
+
+@pytest.mark.workers
+def test_a_worker_takes_a_deep_queue_in_batches_and_holds_nothing_after(fleet: Fleet) -> None:
+    sessions = [f"deep-{n}" for n in range(40)]
+    for session in sessions:
+        fleet.script(session, [Message.assistant("done")])
+        fleet.client.enqueue("jobs", "go", session_id=session, require_worker=False)
+    assert fleet.redis.llen(fleet.queue) == len(sessions), "queued before any worker takes them"
+
+    worker = fleet.start_worker(pool="lousho", concurrency=100)
+    fleet.wait_for(sessions, timeout_s=60)
+
+    assert worker.alive()
+    assert fleet.redis.llen(fleet.queue) == 0
+    assert _held_of(fleet.redis, fleet.queue) == [], "every message acknowledged in Redis too"
+    worker.stop()
+    assert fleet.redis.llen(fleet.queue) == 0, "a warm shutdown puts back nothing: nothing was held"
+
+
+def _held_of(client: redis.Redis, queue: str) -> list[str]:
+    held = []
+    for tag, record in client.hgetall(UNACKED).items():
+        _, _, routing_key = json.loads(record)
+        if routing_key == queue:
+            held.append(tag.decode())
+    return held
