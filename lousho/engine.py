@@ -141,20 +141,35 @@ async def abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
     if signal is None:
         return await awaitable
     signal.raise_if_aborted()
-    work = asyncio.ensure_future(awaitable)
-    # The signal cancels the work from its callback (from any thread), where a second task awaiting the signal
-    # raced it before: a fleet worker holds this for every step in flight, hundreds a process (issue #29).
+    # The signal cancels this very task where it awaits (from its callback, on the loop), as `asyncio.timeout`
+    # does: no task of its own beside it, nor a second one awaiting the signal (issue #29: a fleet worker holds
+    # this for every step in flight, hundreds a process).
+    here = _CancelHere(asyncio.current_task())
     loop = asyncio.get_running_loop()
-    undo = signal.on_abort(lambda: void(loop.call_soon_threadsafe(work.cancel)))
+    undo = signal.on_abort(lambda: void(loop.call_soon_threadsafe(here.cancel)))
     try:
-        return await work
+        return await awaitable
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if signal.aborted and not (current and current.cancelling()):  # ours, not the caller's own cancel
+        if here.fired and here.task is not None and not here.task.uncancel():  # ours, not the caller's own cancel
             raise RunAborted(signal.reason) from None
         raise
     finally:
+        here.active = False  # a cancel the signal scheduled and the loop has not run yet must not land after this
         undo()
+
+
+class _CancelHere:
+    """Cancels `task` while it awaits inside `abortable` (both run on the task's loop: no lock)."""
+
+    __slots__ = ("active", "fired", "task")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task, self.active, self.fired = task, True, False
+
+    def cancel(self) -> None:
+        if self.active and self.task is not None:
+            self.fired = True
+            self.task.cancel()
 
 
 async def take_model_turn(
