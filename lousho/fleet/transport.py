@@ -22,6 +22,7 @@ transport itself.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from queue import Empty
@@ -106,7 +107,7 @@ def decode_entry(entry: bytes | str) -> dict[str, Any]:
     entry is a `KombuEnvelope`; else ValueError saying why not. It never reaches a caller: the
     worker's channel and the outbox act on it."""
     try:
-        payload = _loads(_bytes_to_str(entry))
+        payload = _read_json(_bytes_to_str(entry))
     except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
         raise ValueError(f"not JSON ({type(exc).__name__}: {exc})") from None
     try:
@@ -117,6 +118,13 @@ def decode_entry(entry: bytes | str) -> dict[str, Any]:
         raise ValueError(f"not a kombu message ({where}: {first['msg']})") from None
     assert isinstance(payload, dict)  # a KombuEnvelope is an object
     return payload
+
+
+def _read_json(text: str) -> Any:
+    """JSON as kombu reads it. kombu's `loads` hands every object to a hook of its own that turns its tagged values
+    (`{"__type__": ..., "__value__": ...}`) back into what they were: 8 % of a busy worker's consumer thread (issue
+    #29). A message holds none unless its headers do; one with no tag reads the same without the hook."""
+    return _loads(text) if '"__type__"' in text else json.loads(text)
 
 
 class Channel(redis.Channel):

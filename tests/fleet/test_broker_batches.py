@@ -8,11 +8,13 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 import redis
 from kombu import Consumer, Exchange, Producer, Queue
+from kombu.utils import json as kombu_json
 
 from lousho import Message
 from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
@@ -214,3 +216,12 @@ def _held_of(client: redis.Redis, queue: str) -> list[str]:
         if routing_key == queue:
             held.append(tag.decode())
     return held
+
+
+def test_an_entry_reads_as_kombus_json_reads_it_with_or_without_tagged_values() -> None:
+    plain = {"body": "", "content-encoding": "utf-8", "content-type": "application/json", "headers": {"n": 1},
+             "properties": {"delivery_tag": "t", "delivery_info": {"exchange": "", "routing_key": "q"}}}  # fmt: skip
+    tagged = {**plain, "headers": {"at": datetime(2026, 12, 7, tzinfo=UTC)}}
+    for message in (plain, tagged):
+        entry = kombu_json.dumps(message).encode()
+        assert decode_entry(entry) == kombu_json.loads(entry.decode()) == message
