@@ -198,6 +198,9 @@ def _kb_per_session(samples: list[tuple[int, int, int]], idle: dict[int, int]) -
 def _forget(client: redis.Redis, prefix: str, queue: str) -> None:
     for key in client.scan_iter(f"{prefix}*", count=1000):
         client.delete(key)
+    for key in client.scan_iter(f"{queue}*", count=1000):  # the queue, its priority lists, its rejected list
+        client.delete(key)
+    client.delete(f"_kombu.binding.{queue}")  # kombu's record of the queue's binding (a shared REDIS_URL's db)
     client.delete(queue)
 
 
