@@ -60,7 +60,9 @@ class BatchedQoS(redis.QoS):
     def write_taken(self, client: Any | None = None, *, then: tuple[Any, ...] = ()) -> list[Any]:
         """Record the messages delivered since `begin_taking_in` in Redis, in one pipeline, followed by the commands
         `then` (`(name, *args)`), whose replies it returns; the read goes on taking in."""
-        taken, self._unwritten = self._unwritten or [], []
+        taken = self._unwritten
+        if taken:
+            self._unwritten = []  # the read goes on (None, no read under way, stays None)
         if not taken and not then:
             return []
         with self.pipe_or_acquire(client=client) as pipe:

@@ -225,3 +225,17 @@ def test_an_entry_reads_as_kombus_json_reads_it_with_or_without_tagged_values() 
     for message in (plain, tagged):
         entry = kombu_json.dumps(message).encode()
         assert decode_entry(entry) == kombu_json.loads(entry.decode()) == message
+
+
+def test_a_message_put_back_between_reads_leaves_the_next_ones_recorded_as_they_are_taken(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a"])
+    taker = Taker(connection, queue, prefetch=1)
+    (first,) = taker.read()
+
+    first.requeue()  # kombu puts it back from its record
+    (again,) = taker.read()
+
+    assert again.payload == "a"
+    assert recorded(redis_client, [again]) == [True]
