@@ -160,8 +160,9 @@ def celery_config(broker: str, settings: FleetSettings, **overrides: Any) -> dic
             # A Redis that vanishes without closing the TCP connection (failover behind a virtual
             # IP, a NAT or firewall that forgets the flow, a host that is gone): without a socket
             # timeout an ack or a publish on the dead connection blocks the worker forever; with a
-            # timeout but no retry, the failed ack leaks kombu's prefetch slot and the worker never
-            # consumes again. Retried once on a fresh connection, it goes on (docs/reliability.md).
+            # timeout but no retry, the failed ack leaked kombu's prefetch slot and the worker never
+            # consumed again (lousho's transport now frees the slot at the ack: broker_qos.py). Retried once
+            # on a fresh connection, it goes on (docs/reliability.md).
             "socket_timeout": 5.0,
             "socket_connect_timeout": 5.0,
             "socket_keepalive": True,
