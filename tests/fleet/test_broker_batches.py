@@ -19,6 +19,7 @@ from kombu.utils import json as kombu_json
 from lousho import Message
 from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
 from lousho.fleet.transport import Connection, decode_entry, rejected_key
+from lousho.testing.redis_server import RedisServer
 from lousho.worker import broker_url
 from tests.fleet.conftest import Fleet
 
@@ -239,3 +240,19 @@ def test_a_message_put_back_between_reads_leaves_the_next_ones_recorded_as_they_
 
     assert again.payload == "a"
     assert recorded(redis_client, [again]) == [True]
+
+
+def test_acks_that_cannot_leave_redis_are_logged_and_the_worker_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    with RedisServer() as server, Connection(broker_url(server.url)) as connection:
+        queue = "lousho-test-acks-lost"
+        publish(connection, queue, ["a"])
+        taker = Taker(connection, queue, prefetch=10)
+        taker.transport.acks_on_tick = True
+        (taken,) = taker.read()
+        taken.ack()
+        server.stop(kill=True)  # the broker gone between the ack and the end of the loop's turn
+
+        taker.transport.flush_acks()
+
+        assert "could not remove 1 acknowledged messages from Redis" in caplog.text
+        assert taker.qos.can_consume(), "the ack freed its prefetch slot all the same"
