@@ -95,8 +95,7 @@ class RedisClusterNodes:
                 port = free_port()
                 self.ports.append(port)
                 self._start_node(port)
-            for port in self.ports:
-                self._wait_ping(port)
+            self.ports = [self._up(port) for port in self.ports]
             addresses = [f"127.0.0.1:{port}" for port in self.ports]
             subprocess.run(
                 [self.cli_binary, "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
@@ -139,15 +138,38 @@ class RedisClusterNodes:
         ]  # fmt: skip
         self.processes[port] = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-    def _wait_ping(self, port: int) -> None:
+    def _up(self, port: int, attempts: int = 5) -> int:
+        """`port` once its node answers. A node that exits at once lost its port (or its bus port, + 10000) between
+        `free_port`'s probe and its bind, to a server another test started meanwhile (a CI run met it, the tests
+        four at a time): it starts again on another port."""
+        for _ in range(attempts):
+            if self._answers(port):
+                return port
+            log = self._log_tail(port)
+            del self.processes[port]
+            port = free_port()
+            self._start_node(port)
+        raise RuntimeError(f"redis-server did not start on {attempts} ports in turn; the last one's log: {log}")
+
+    def _answers(self, port: int) -> bool:
+        """Whether the node on `port` answers a PING; False when it has exited. Raises if it neither answers nor
+        exits within the start-up time."""
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
                 if client.ping():
-                    return
-            if time.monotonic() > deadline or self.processes[port].poll() is not None:
-                raise RuntimeError(f"redis-server on port {port} did not start (log: {self._dir}/{port}/server.log)")
+                    return True
+            if self.processes[port].poll() is not None:
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start: {self._log_tail(port)}")
             time.sleep(0.05)
+
+    def _log_tail(self, port: int) -> str:
+        assert self._dir is not None
+        with contextlib.suppress(OSError):
+            return (self._dir / str(port) / "server.log").read_text(errors="replace")[-500:]
+        return "(no log)"
 
     def wait_ok(self, timeout_s: float | None = None) -> None:
         """Until every live node says `cluster_state:ok` and sees every slot served."""
