@@ -28,7 +28,15 @@ from typing import Any, cast
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
-__all__ = ["RedisCluster", "RedisClusterNodes", "cluster_binaries", "free_port", "private_redis_cluster"]
+__all__ = [
+    "RedisCluster",
+    "RedisClusterNodes",
+    "answers",
+    "cluster_binaries",
+    "free_port",
+    "log_tail",
+    "private_redis_cluster",
+]
 
 _LIVE: set[RedisClusterNodes] = set()
 
@@ -59,6 +67,29 @@ def free_port() -> int:
         if port + 10000 < 65536 and _port_free(port + 10000):
             return port
     raise RuntimeError("no free TCP port pair (port, port + 10000) on 127.0.0.1")
+
+
+def answers(port: int, process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether the server `process` started on `port` answers a PING; False once it has exited (a port taken between
+    `free_port`'s probe and its bind); TimeoutError if it does neither within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
+            if client.ping():
+                return True
+        if process.poll() is not None:
+            return False
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server on port {port} neither answers nor exits")
+        time.sleep(0.05)
+
+
+def log_tail(folder: Path | None, port: int) -> str:
+    """The end of the log of the server on `port` started under `folder` (`<folder>/<port>/server.log`)."""
+    with contextlib.suppress(OSError):
+        if folder is not None:
+            return (folder / str(port) / "server.log").read_text(errors="replace")[-500:]
+    return "(no log)"
 
 
 def _port_free(port: int) -> bool:
@@ -145,31 +176,17 @@ class RedisClusterNodes:
         for _ in range(attempts):
             if self._answers(port):
                 return port
-            log = self._log_tail(port)
+            log = log_tail(self._dir, port)
             del self.processes[port]
             port = free_port()
             self._start_node(port)
         raise RuntimeError(f"redis-server did not start on {attempts} ports in turn; the last one's log: {log}")
 
     def _answers(self, port: int) -> bool:
-        """Whether the node on `port` answers a PING; False when it has exited. Raises if it neither answers nor
-        exits within the start-up time."""
-        deadline = time.monotonic() + self.startup_timeout_s
-        while True:
-            with contextlib.suppress(redis.RedisError), redis.Redis(port=port, socket_timeout=1) as client:
-                if client.ping():
-                    return True
-            if self.processes[port].poll() is not None:
-                return False
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {port} did not start: {self._log_tail(port)}")
-            time.sleep(0.05)
-
-    def _log_tail(self, port: int) -> str:
-        assert self._dir is not None
-        with contextlib.suppress(OSError):
-            return (self._dir / str(port) / "server.log").read_text(errors="replace")[-500:]
-        return "(no log)"
+        try:
+            return answers(port, self.processes[port], self.startup_timeout_s)
+        except TimeoutError:
+            raise RuntimeError(f"redis-server on port {port} did not start: {log_tail(self._dir, port)}") from None
 
     def wait_ok(self, timeout_s: float | None = None) -> None:
         """Until every live node says `cluster_state:ok` and sees every slot served."""

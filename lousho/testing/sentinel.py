@@ -23,12 +23,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import redis
 
-from lousho.testing.redis_cluster import cluster_binaries, free_port
+from lousho.testing.redis_cluster import answers, cluster_binaries, free_port, log_tail
 
 __all__ = ["SentinelGroup", "private_sentinel", "sentinel_binary"]
 
@@ -74,25 +74,36 @@ class SentinelGroup:
         self._dir = Path(tempfile.mkdtemp(prefix="lousho-sentinel-"))
         _LIVE.add(self)
         try:
-            primary = free_port()
+            primary = self._started(lambda port: self._start_data(port, None))
             self.data_ports.append(primary)
-            self._start_data(primary, None)
             for _ in range(self.replica_count):
-                port = free_port()
-                self.data_ports.append(port)
-                self._start_data(port, primary)
+                self.data_ports.append(self._started(lambda port: self._start_data(port, primary)))
             # replicas in sync before the sentinels start: a sentinel's first INFO of the primary then lists
             # them all (it asks again only every 10 s)
             self._wait(lambda: self._replicas_online(primary), "the replicas to sync")
             for _ in range(self.sentinel_count):
-                port = free_port()
-                self.sentinel_ports.append(port)
-                self._start_sentinel(port, primary)
+                self.sentinel_ports.append(self._started(lambda port: self._start_sentinel(port, primary)))
             self._wait(lambda: self._ready(primary), "the replicas and sentinels to be in place")
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _started(self, start: Callable[[int], None], attempts: int = 5) -> int:
+        """The port `start` ran a server on, once it answers. A server that exits at once lost its port, between
+        `free_port`'s probe and its bind, to one a test beside it started (the Redis Cluster harness met it in CI):
+        it starts again on another port."""
+        for _ in range(attempts):
+            port = free_port()
+            start(port)
+            try:
+                if answers(port, self.processes[port], self.startup_timeout_s):
+                    return port
+            except TimeoutError:
+                raise RuntimeError(f"redis-server on port {port} did not start: {log_tail(self._dir, port)}") from None
+            log = log_tail(self._dir, port)
+            del self.processes[port]
+        raise RuntimeError(f"redis-server did not start on {attempts} ports in turn; the last one's log: {log}")
 
     def _spawn(self, port: int, args: list[str]) -> None:
         assert self._dir is not None
