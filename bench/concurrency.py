@@ -200,7 +200,7 @@ def _forget(client: redis.Redis, prefix: str, queue: str) -> None:
         client.delete(key)
     for key in client.scan_iter(f"{queue}*", count=1000):  # the queue, its priority lists, its rejected list
         client.delete(key)
-    client.delete(f"_kombu.binding.{queue}")  # kombu's record of the queue's binding (a shared REDIS_URL's db)
+    client.delete(f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}")  # kombu's records of its binding
     client.delete(queue)
 
 

@@ -67,7 +67,7 @@ def queue(redis_client: redis.Redis) -> Iterator[str]:
     yield name
     for key in redis_client.scan_iter(f"{name}*"):
         redis_client.delete(key)
-    redis_client.delete(f"_kombu.binding.{name}")
+    redis_client.delete(f"_kombu.binding.{name}", f"_kombu.binding_permanent.{name}")  # kombu's records of it
 
 
 @pytest.fixture
