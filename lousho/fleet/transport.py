@@ -26,6 +26,7 @@ import json
 import logging
 from collections.abc import Callable
 from queue import Empty
+from sys import intern
 from typing import Any, Literal
 
 from celery.app import amqp
@@ -117,7 +118,7 @@ def decode_entry(entry: bytes | str) -> dict[str, Any]:
         where = ".".join(str(part) for part in first["loc"]) or "the entry"
         raise ValueError(f"not a kombu message ({where}: {first['msg']})") from None
     assert isinstance(payload, dict)  # a KombuEnvelope is an object
-    return payload
+    return _with_shared_strings(payload)
 
 
 def _read_json(text: str) -> Any:
@@ -125,6 +126,33 @@ def _read_json(text: str) -> Any:
     (`{"__type__": ..., "__value__": ...}`) back into what they were: 8 % of a busy worker's consumer thread (issue
     #29). A message holds none unless its headers do; one with no tag reads the same without the hook."""
     return _loads(text) if '"__type__"' in text else json.loads(text)
+
+
+_REPEATED_VALUES = frozenset(
+    ("lang", "task", "kwargsrepr", "origin", "reply_to", "content-type", "content-encoding", "body_encoding",
+     "exchange", "routing_key")
+)  # fmt: skip
+"""Header and property names whose values repeat from message to message (a task's name, a queue's, a client's)."""
+
+
+def _with_shared_strings(payload: dict[str, Any]) -> dict[str, Any]:
+    """The message with its names, and the values that repeat, as one string per process, not one per message.
+
+    The JSON decoder makes new strings for every message; a worker holds each message it runs (kombu's, then
+    Celery's request and context, copies of its headers) until its ack, seconds for a model turn. At 1,000 held
+    steps the strings alone were 2 KB a step (issue #29)."""
+    shared = {intern(name): _shared(name, value) for name, value in payload.items()}
+    shared["headers"] = {intern(name): _shared(name, value) for name, value in shared["headers"].items()}
+    properties = {intern(name): _shared(name, value) for name, value in shared["properties"].items()}
+    delivery_info = properties.get("delivery_info")
+    if isinstance(delivery_info, dict):
+        properties["delivery_info"] = {intern(name): _shared(name, value) for name, value in delivery_info.items()}
+    shared["properties"] = properties
+    return shared
+
+
+def _shared(name: str, value: Any) -> Any:
+    return intern(value) if name in _REPEATED_VALUES and type(value) is str else value
 
 
 class Channel(redis.Channel):

@@ -228,6 +228,24 @@ def test_an_entry_reads_as_kombus_json_reads_it_with_or_without_tagged_values() 
         assert decode_entry(entry) == kombu_json.loads(entry.decode()) == message
 
 
+def test_messages_taken_in_share_their_names_and_repeated_values_and_read_as_sent(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a", "b"])
+    sent = [json.loads(entry) for entry in reversed(redis_client.lrange(queue, 0, -1))]
+    first, second = Taker(connection, queue, prefetch=10).read()
+
+    assert [first.payload, second.payload] == ["a", "b"]
+    assert [(m.headers, m.properties) for m in (first, second)] == [(e["headers"], e["properties"]) for e in sent]
+    # One string per process for each name and each value that repeats (issue #29: a worker holds every message
+    # it runs until its ack, seconds for a model turn): not a copy per message, as the JSON decoder makes them.
+    for name_of_first, name_of_second in zip(first.properties, second.properties, strict=True):
+        assert name_of_first is name_of_second
+    assert first.content_type is second.content_type
+    assert first.delivery_info["routing_key"] is second.delivery_info["routing_key"]
+    assert first.delivery_tag is not second.delivery_tag
+
+
 def test_a_message_put_back_between_reads_leaves_the_next_ones_recorded_as_they_are_taken(
     connection: Connection, queue: str, redis_client: redis.Redis
 ) -> None:
