@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from queue import Empty
 from sys import intern
@@ -40,6 +41,7 @@ from kombu.utils.collections import HashedSeq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
+from lousho.stores.redis_common import load_script
 
 __all__ = ["AMQP", "REJECTED_KEPT", "KombuEnvelope", "decode_entry", "rejected_key"]
 
@@ -160,6 +162,7 @@ class Channel(redis.Channel):
     for its commands."""
 
     _sync_client: Any = None
+    _take_in_script: Any = None
     QoS = BatchedQoS
 
     def _create_client(self, asynchronous: bool = False) -> Any:
@@ -200,25 +203,40 @@ class Channel(redis.Channel):
 
     def _take_in_batch(self, queue: str, key: bytes, entry: bytes) -> bool:
         """Deliver `entry`, and up to `TAKEN_AT_ONCE` - 1 more of the same queue that the prefetch has room for,
-        taken in the round trip that records the first (issue #29: one read an entry, and a round trip to record
-        each, held a busy worker's intake to the round trips of its one consumer thread). Whether any was delivered.
+        taken off the queue and recorded among kombu's unacknowledged messages in one script (issue #29: one read
+        an entry, and a round trip to record each, held a busy worker's intake to the round trips of its one
+        consumer thread). Whether any was delivered.
 
-        The entries popped are in this process only until they are delivered and recorded, a moment later, as
-        kombu's own entry between its `BRPOP` and its record: a worker killed then loses them, and the reaper
-        sends their sessions' steps again (the checkpoint, saved before any message, says what is owed)."""
+        None of them is ever off the queue without its record (`lua/take_in.lua`): a worker killed while it takes
+        them in leaves each to be put back after the visibility timeout. Only `entry`, between its `BRPOP` and the
+        script, is in this process alone, as kombu's own entry between its `BRPOP` and its record."""
         qos = self.qos
         room = _room(qos) - 1
-        if room <= 0 or not isinstance(qos, BatchedQoS):
+        if room <= 0 or not isinstance(qos, BatchedQoS) or self.global_keyprefix:
             return self._take_in(queue, entry)  # kombu's way: the entry recorded as it is delivered
-        qos.begin_taking_in()
-        try:
-            delivered = self._take_in(queue, entry)
-            more = qos.write_taken(then=("RPOP", key, min(room, TAKEN_AT_ONCE - 1)))[0] or []
-            for extra in more:
-                delivered = self._take_in(queue, extra) or delivered
-        finally:
-            qos.end_taking_in()
+        delivered, set_aside = False, []
+        for taken, tag in self._take_recorded(qos, key, entry, min(room, TAKEN_AT_ONCE - 1)):
+            if not tag:  # no record the script could write: kombu's way, or moved aside
+                delivered = self._take_in(queue, taken) or delivered
+                continue
+            with qos.recorded_already():
+                took = self._take_in(queue, taken)
+            delivered = took or delivered
+            if not took:
+                set_aside.append(_bytes_to_str(tag))
+        qos.forget_records(set_aside)
         return delivered
+
+    def _take_recorded(self, qos: BatchedQoS, key: bytes, entry: bytes, more: int) -> list[tuple[bytes, bytes]]:
+        """`entry` and up to `more` entries after it off the list `key`, each with the delivery tag of its record
+        (b'' when it has none): `lua/take_in.lua`."""
+        with self.conn_or_acquire() as client:
+            if self._take_in_script is None or self._take_in_script.registered_client is not client:
+                self._take_in_script = load_script(client, "lousho.fleet:take_in")
+            reply = self._take_in_script(
+                keys=[key, qos.unacked_key, qos.unacked_index_key], args=[entry, more, time.time()]
+            )
+        return list(zip(reply[::2], reply[1::2], strict=True))
 
     def _take_in(self, queue: str, entry: bytes) -> bool:
         """Deliver the entry to the queue's consumer (Celery); if it is no message, or Celery's

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -177,6 +180,26 @@ def test_a_message_refused_in_a_batch_is_moved_aside_and_leaves_no_record(
     assert not redis_client.hexists(UNACKED, aside[0]["properties"]["delivery_tag"])
 
 
+def test_entries_that_are_no_message_in_a_batch_are_moved_aside_and_leave_no_record(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    publish(connection, queue, ["a"])
+    # Tagged, with a delivery info the take-in script can record, but no kombu envelope (no body, no headers).
+    no_envelope = json.dumps({"properties": {"delivery_tag": "no-envelope", "delivery_info": {"exchange": queue,
+                                                                                            "routing_key": queue}}})  # fmt: skip
+    redis_client.lpush(queue, no_envelope, b"\xff not json")
+    publish(connection, queue, ["c"])
+    taker = Taker(connection, queue, prefetch=10)
+
+    taken = taker.read()
+
+    assert [m.payload for m in taken] == ["a", "c"]
+    assert recorded(redis_client, taken) == [True, True]
+    assert len(redis_client.lrange(rejected_key(queue), 0, -1)) == 2
+    assert not redis_client.hexists(UNACKED, "no-envelope")
+    assert redis_client.zscore(UNACKED_INDEX, "no-envelope") is None
+
+
 def test_at_shutdown_what_was_acknowledged_stays_off_the_queue_and_the_rest_goes_back(
     connection: Connection, queue: str, redis_client: redis.Redis
 ) -> None:
@@ -244,6 +267,50 @@ def test_messages_taken_in_share_their_names_and_repeated_values_and_read_as_sen
     assert first.content_type is second.content_type
     assert first.delivery_info["routing_key"] is second.delivery_info["routing_key"]
     assert first.delivery_tag is not second.delivery_tag
+
+
+KILLED_WHILE_TAKING_IN = """
+import os, signal, sys
+from kombu import Consumer, Exchange, Queue
+from lousho.fleet.transport import Connection
+from lousho.worker import broker_url
+
+url, queue = sys.argv[1], sys.argv[2]
+delivered = []
+
+def receive(body, message):
+    delivered.append(body)
+    if len(delivered) == 2:  # in the middle of the batch one read took in
+        os.kill(os.getpid(), signal.SIGKILL)
+
+with Connection(broker_url(url)) as connection:
+    channel = connection.channel()
+    declared = Queue(queue, Exchange(queue, type="direct"), routing_key=queue, channel=channel)
+    consumer = Consumer(channel, [declared], callbacks=[receive], accept=["json"])
+    consumer.qos(prefetch_count=100)
+    consumer.consume()
+    connection.drain_events(timeout=5)
+"""
+
+
+def test_a_worker_killed_while_it_takes_a_batch_in_loses_no_message(
+    connection: Connection, queue: str, redis_client: redis.Redis, redis_url: str
+) -> None:
+    sent = [f"m{n}" for n in range(40)]
+    publish(connection, queue, sent)
+
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_TAKING_IN, redis_url, queue], timeout=60, check=False)
+
+    assert killed.returncode == -signal.SIGKILL
+    queued = [body_of(json.loads(entry)) for entry in redis_client.lrange(queue, 0, -1)]
+    records = [json.loads(record)[0] for record in redis_client.hvals(UNACKED)]
+    held = [body_of(message) for message in records if message["properties"]["delivery_info"]["routing_key"] == queue]
+    assert sorted(queued + held) == sorted(sent), "each message is on the queue, or recorded to be put back on it"
+    assert len(held) > 1, "the killed process had taken a batch in"
+    for message in records:  # what kombu's restore puts back: this test's records only
+        if message["properties"]["delivery_info"]["routing_key"] == queue:
+            redis_client.hdel(UNACKED, message["properties"]["delivery_tag"])
+            redis_client.zrem(UNACKED_INDEX, message["properties"]["delivery_tag"])
 
 
 def test_a_message_put_back_between_reads_leaves_the_next_ones_recorded_as_they_are_taken(
