@@ -4,20 +4,22 @@ A fleet mostly waits: a model answers in seconds, a tool awaits a network call. 
 holds one task per process, and its threads pool a thread per task. This pool holds every task of the
 process on a few event loops (`LOOPS`), each in a thread of its own:
 
-- `on_apply` runs Celery's own task tracer (`apply_target`: accept, run, then the callback that acks
-  the message) in a greenlet driven by a coroutine on one of the loops (the least busy);
-- the task body is lousho's (`FleetRuntime.run`): it hands its step's coroutine to the loop with
-  `await_on_loop` and its greenlet sleeps until the step is done, while the loop runs the other steps;
-- so the tracer returns, and the message is acknowledged, only after the step committed (acks_late),
-  exactly as on the prefork pool, and a worker killed mid-step leaves every unacked message to be
-  delivered again.
+- a lousho task gives its work as a coroutine (`coroutine_body`): `on_apply` hands it to one of the loops (the
+  least busy), where `tracer.py` does what Celery's tracer does (accept, prerun, the work awaited, the outcome,
+  postrun, then the callback that acks the message), while the loop runs the other steps;
+- any other task runs through Celery's own tracer (`apply_target`) in a greenlet driven by a coroutine on a loop:
+  its body may hand a coroutine to the loop with `await_on_loop`, and its greenlet sleeps until that is done;
+- so the callback, and the message's ack, comes only after the step committed (acks_late), exactly as on the
+  prefork pool, and a worker killed mid-step leaves every unacked message to be delivered again.
 
-A slot costs a greenlet and a coroutine (a few KB), not a thread's stack. Redis calls inside a step are
-blocking and short; they hold only their loop, between the waits. Sync tools run on the loop's default
+A lousho step in flight costs a coroutine and Celery's request, not a thread's stack, nor a greenlet's (about 6 KB
+more: Python gives each greenlet a stack of its own for its frames, a page at least; issue #29). Redis calls inside
+a step are blocking and short; they hold only their loop, between the waits. Sync tools run on the loop's default
 executor, sized to the pool's slots, so a sync tool never blocks the loop.
 
 Celery keeps its per-task state (`task.request`, `current_task`) in locals keyed by greenlet when the
-greenlet package is installed (`celery.utils.threads`), so interleaved tasks do not see each other's.
+greenlet package is installed (`celery.utils.threads`), so interleaved tasks of the greenlet kind do not see each
+other's; a coroutine task gets its request as an argument (`tracer.py`).
 
 `create_app` makes it the app's default (`worker_pool`): `celery -A app worker -c 200` runs 200 slots in
 one process. `-P prefork`/`-P threads`/`-P solo` still work (each thread then runs its own loop).
@@ -37,15 +39,20 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import greenlet
+from celery.app.trace import fast_trace_task, trace_task_ret
 from celery.concurrency.base import BasePool, apply_target
 
 from lousho.fleet.settings import DEFAULT_SLOTS
+from lousho.worker.tracer import apply_coroutine, traceable
 
 __all__ = ["AsyncioPool", "await_on_loop", "on_pool_loop"]
 
 log = logging.getLogger("lousho.worker")
 
 T = TypeVar("T")
+
+_CELERY_TRACERS = (trace_task_ret, fast_trace_task)
+"""What a Celery worker hands its pool to run a task (`Request.execute_using_pool`)."""
 
 LOOPS = int(os.environ.get("LOUSHO_POOL_LOOPS", "4"))
 """Event loops per process (issue #29): a step's blocking Redis calls wait on one loop, not on all."""
@@ -146,15 +153,19 @@ class _LoopThread:
         finally:  # stopped (`stop`): what was in flight is unacked, delivered again; the loop's resources go now
             self.loop.close()
 
-    def submit(self, applied: tuple[Any, ...], on_done: Callable[[asyncio.Task[Any]], None]) -> None:
-        """Run Celery's tracer for `applied` on this loop; `on_done(task)` in the loop's thread once it is over.
+    def submit(
+        self, work: Callable[[], Coroutine[Any, Any, Any]], on_done: Callable[[asyncio.Task[Any]], None]
+    ) -> None:
+        """Run `work()` (a task's trace) on this loop; `on_done(task)` in the loop's thread once it is over.
         A task made on the loop, not `run_coroutine_threadsafe`'s future beside it (issue #29: one object less
         a step in flight)."""
         self.in_flight += 1
-        self.loop.call_soon_threadsafe(self._spawn, applied, on_done)
+        self.loop.call_soon_threadsafe(self._spawn, work, on_done)
 
-    def _spawn(self, applied: tuple[Any, ...], on_done: Callable[[asyncio.Task[Any]], None]) -> None:
-        task = self.loop.create_task(_drive(apply_target, *applied))
+    def _spawn(
+        self, work: Callable[[], Coroutine[Any, Any, Any]], on_done: Callable[[asyncio.Task[Any]], None]
+    ) -> None:
+        task = self.loop.create_task(work())
         task.add_done_callback(self._done)
         task.add_done_callback(on_done)
 
@@ -234,7 +245,23 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
 
     def _start(self, applied: tuple[Any, ...], outcome: _Applied) -> None:
         loop = min(self.loops, key=lambda candidate: candidate.in_flight)
-        loop.submit(applied, functools.partial(self._finished, outcome))
+        loop.submit(functools.partial(self._trace, *applied), functools.partial(self._finished, outcome))
+
+    def _trace(
+        self,
+        target: Callable[..., Any],
+        args: tuple[Any, ...] | None,
+        kwargs: dict[str, Any] | None,
+        callback: Callable[..., Any] | None,
+        accept_callback: Callable[..., Any] | None,
+    ) -> Coroutine[Any, Any, Any]:
+        """A task's trace, on its loop: a task whose work is a coroutine (lousho's) awaited by `tracer.py`; any other
+        through Celery's own tracer, in a greenlet (`_drive`)."""
+        if target in _CELERY_TRACERS and args and not kwargs:
+            task = self.app.tasks.get(args[0]) if self.app is not None else None
+            if task is not None and traceable(self.app, task, args[2]):
+                return apply_coroutine(self.app, task, args, callback, accept_callback)
+        return _drive(apply_target, target, args, kwargs, callback, accept_callback)
 
     def _finished(self, outcome: _Applied, task: asyncio.Task[Any]) -> None:
         """A task is over (in its loop's thread): its slot goes to the task that waited longest, or is free."""

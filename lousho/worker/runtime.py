@@ -145,14 +145,18 @@ class FleetRuntime:
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a task's coroutine: on lousho's pool, on the process's loop beside the other tasks; else on
         this thread's own loop (made anew after a fork)."""
+        self.name_process()
+        if on_pool_loop():
+            return await_on_loop(coro)
+        return self._thread_loop().run_until_complete(coro)
+
+    def name_process(self) -> None:
+        """Name this process's Redis connections, once per process, before its first task writes."""
         if self._named_pid != os.getpid():
             # A process Celery never started (a `FleetDriver`, eager mode) is named before its first task writes
             # the running index, or the death sweep would take its running calls for a dead process's (issue #20)
             name_connections(self.store.client)
             self._named_pid = os.getpid()
-        if on_pool_loop():
-            return await_on_loop(coro)
-        return self._thread_loop().run_until_complete(coro)
 
     def _thread_loop(self) -> asyncio.AbstractEventLoop:
         loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)

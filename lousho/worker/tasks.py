@@ -31,6 +31,7 @@ from lousho.telemetry.counters import FleetCounters
 from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
 from lousho.worker.tool_task import run_tool_call
+from lousho.worker.tracer import CoroutineBody
 
 __all__ = ["register_tasks"]
 
@@ -43,33 +44,34 @@ log = logging.getLogger("lousho.worker")
 NEEDS_A_HUMAN = (UnknownAgentError, CorruptCheckpointError, ResumeToolMissingError, AgentDriftError)
 
 
-def hand_back(runtime: FleetRuntime, task: Any, why: str) -> NoReturn:
+async def hand_back(runtime: FleetRuntime, request: Any, why: str) -> NoReturn:
     """Put the task's message back on its queue unrun, for a worker that can run it (issue #35): after
     `HAND_BACK_DELAY_S`, so a worker alone with it does not spin; logged and counted."""
-    request = task.request
     log.warning(
         "lousho: handed back %s %s unrun, for a worker of a later lousho: %s (this worker runs message "
-        "protocols up to %d)", request.task or task.name, request.id, why, MESSAGE_PROTOCOL,
+        "protocols up to %d)", request.task, request.id, why, MESSAGE_PROTOCOL,
     )  # fmt: skip
     try:
         FleetCounters.of(runtime.store).add("messages_handed_back")  # lousho_messages_handed_back_total
     except StoreUnavailableError as exc:
         log.warning("could not count a handed-back message: %s", exc)
-    runtime.run(asyncio.sleep(HAND_BACK_DELAY_S))
+    await asyncio.sleep(HAND_BACK_DELAY_S)
     raise Reject(why, requeue=True)  # acks_late: the very message goes back on its queue
 
 
-def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> str:
-    protocol = message_protocol(task.request)
+async def _guarded(runtime: FleetRuntime, request: Any, session_id: Any, work: Any) -> str:
+    """A task's work on session `session_id`, given its request (Celery's `Context`: `task.request`)."""
+    runtime.name_process()  # lousho's pool awaits this without `FleetRuntime.run`
+    protocol = message_protocol(request)
     if too_new(protocol):
-        hand_back(runtime, task, f"its message is of protocol {protocol}")
+        await hand_back(runtime, request, f"its message is of protocol {protocol}")
     try:
         validate_session_id(session_id)
         steps = SessionSteps(runtime, session_id)
         try:
-            outcome: str = runtime.run(_told(steps, work(steps)))
+            outcome: str = await _told(steps, work(steps))
         except NewerFormatError as exc:  # a session a newer lousho wrote: not damage, never parked
-            hand_back(runtime, task, str(exc))
+            await hand_back(runtime, request, str(exc))
         except NEEDS_A_HUMAN as exc:
             steps.park(str(exc))
             raise
@@ -84,6 +86,21 @@ def _guarded(runtime: FleetRuntime, task: Any, session_id: Any, work: Any) -> st
     except SDKError as exc:
         log.error("session %r: %s", str(session_id)[:200], exc)
         return f"error: {exc.code}"
+
+
+def _register(app: Any, runtime: FleetRuntime, name: str, work: CoroutineBody) -> None:
+    """Task `name`, whose work is `work(request, *args)`: its body runs it to its end on the pool's loop or the
+    thread's (`FleetRuntime.run`); lousho's pool awaits `coroutine_body` instead."""
+
+    def body(task: Any, *args: Any, **kwargs: Any) -> str:
+        outcome: str = runtime.run(work(task.request, *args, **kwargs))
+        return outcome
+
+    body.__doc__, body.__name__ = work.__doc__, name.rpartition(".")[2]
+    # shared=False: Celery's default hands a task to every app made later in the process, so a second
+    # app (a test's, a FleetDriver's worker) would run the first app's tasks, on its runtime (issue #14).
+    # bind=True: each task reads its message's protocol header (issue #35)
+    app.task(name=name, shared=False, bind=True, coroutine_body=staticmethod(work))(body)
 
 
 STOPPED = {"finished": "finished", "aborted": "aborted"}
@@ -117,29 +134,37 @@ async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
 
 
 def register_tasks(app: Any, runtime: FleetRuntime) -> None:
-    # shared=False: Celery's default hands a task to every app made later in the process, so a second
-    # app (a test's, a FleetDriver's worker) would run the first app's tasks, on its runtime (issue #14).
-    # bind=True: each task reads its message's protocol header (issue #35)
-    @app.task(name=TASK_MODEL_TURN, shared=False, bind=True)  # type: ignore[untyped-decorator]
-    def model_turn(task: Any, session_id: str, turn: int) -> str:
+    """lousho's tasks on `app`. Each gives its work as a coroutine too (`coroutine_body`): lousho's pool awaits it
+    (`tracer.py`, no greenlet a call in flight); any other pool runs the task's body, which runs it to its end."""
+
+    async def model_turn_work(request: Any, session_id: str, turn: int) -> str:
         """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
-        return _guarded(runtime, task, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
+        return await _guarded(runtime, request, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
 
-    @app.task(name=TASK_TOOL_CALL, shared=False, bind=True)  # type: ignore[untyped-decorator]
-    def tool_call(task: Any, session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0) -> str:
+    async def tool_call_work(
+        request: Any, session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0
+    ) -> str:
         """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
-        return _guarded(runtime, task, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn)))
+        return await _guarded(
+            runtime, request, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn))
+        )
 
-    @app.task(name=TASK_ADVANCE, shared=False, bind=True)  # type: ignore[untyped-decorator]
-    def advance(task: Any, session_id: str, reason: str = "") -> str:
+    async def advance_work(request: Any, session_id: str, reason: str = "") -> str:
         """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
         redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
-        return _guarded(
+        return await _guarded(
             runtime,
-            task,
+            request,
             session_id,
             lambda steps: steps.advance(redispatch=redispatch, requeue=requeue, abort=reason == "abort"),
         )
+
+    for name, work in (
+        (TASK_MODEL_TURN, model_turn_work),
+        (TASK_TOOL_CALL, tool_call_work),
+        (TASK_ADVANCE, advance_work),
+    ):
+        _register(app, runtime, name, work)
 
     @app.task(name=TASK_REAP, shared=False)  # type: ignore[untyped-decorator]
     def reap() -> int:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from lousho import Agent, Message, ToolContext, define_tool
 from lousho.fleet import FleetSettings
+from lousho.fleet.event_writes import WRITES
 from lousho.providers.base import ModelRequest, ModelResponse
 from lousho.scheduler.approval_repair import RepairedApproval, repair_approval_records, repair_if_due
 from lousho.scheduler.reaper import run_reaper
@@ -241,6 +242,7 @@ def test_a_complete_approval_record_is_left_untouched(driver: FleetDriver) -> No
     paused(driver, "s")
     decided = paused(driver, "t")  # decided, back in the in-flight index, its advance not delivered: complete
     driver.client.resolve_approval(decided, approved=True)
+    WRITES.drain()  # the steps' events held back for a moment (event_writes.py) are written before the snapshot
     client = driver.store.client
     pattern = re.sub(r"([*?\[\]\\])", r"\\\1", driver.store.keys.prefix) + "*"
     before = {key: client.dump(key) for key in client.scan_iter(match=pattern, count=1000)}

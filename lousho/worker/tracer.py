@@ -1,0 +1,169 @@
+"""Celery's task tracer for a task whose work is a coroutine, awaited on lousho's pool (issue #29).
+
+Celery runs every task through its tracer (`celery.app.trace.build_tracer`): the `task_prerun` signal, the body,
+the outcome (`Reject`, `Ignore`, `Retry` and failures, through Celery's own `TraceInfo`), `task_success`, the
+`task_postrun` signal. The pool then calls the request's callback, which sends `task-succeeded` or `task-failed`
+and acknowledges the message (acks_late). That tracer is synchronous: on lousho's pool a step waiting on its
+model held a greenlet for the tracer's frames, about 6 KB of a process's memory per call in flight (Python 3.11
+gives each greenlet a stack of its own for its frames, a page at least; docs/fleet.md).
+
+lousho's tasks give their work as a coroutine too (`coroutine_body`, `tasks.py`); `trace_coroutine` does what
+Celery's tracer does for them, in the same order and with Celery's own pieces, awaiting the coroutine where the
+tracer calls the body. Celery's stack of requests (`task.request`) and current task are per thread: they are
+set around each synchronous part (the signals, the outcome's handling), not across an await, so the coroutine
+gets its request as an argument. What a lousho task never has goes through Celery's tracer, in a greenlet, as
+before (`traceable`): callbacks or a chain in its message, `on_success`/`after_return`/`before_start` of its own,
+a worker that deduplicates successful tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
+from celery import signals, states
+from celery._state import _task_stack
+from celery.app.task import Context, get_actual_ignore_result
+from celery.app.trace import LOG_SUCCESS, TraceInfo, report_internal_error, task_has_custom
+from celery.app.trace import logger as celery_trace_log
+from celery.exceptions import Ignore, Reject, Retry
+from celery.utils.nodenames import gethostname
+from celery.utils.saferepr import saferepr
+from kombu import serialization
+
+__all__ = ["CoroutineBody", "apply_coroutine", "traceable"]
+
+# kombu's serialization is untyped: how Celery's tracer decodes a message's body.
+_loads: Callable[..., tuple[list[Any], dict[str, Any], dict[str, Any] | None]] = serialization.loads
+_accepted: Callable[[Any], set[str]] = serialization.prepare_accept_content
+
+CoroutineBody = Callable[..., Coroutine[Any, Any, Any]]
+"""A task's work as a coroutine: called with the task's request (Celery's `Context`) and the message's args."""
+
+
+def traceable(app: Any, task: Any, request: dict[str, Any]) -> bool:
+    """Whether `trace_coroutine` does all Celery's tracer would do for this task and message."""
+    return (
+        getattr(task, "coroutine_body", None) is not None
+        and not (request.get("callbacks") or request.get("chain"))
+        and not any(task_has_custom(task, hook) for hook in ("on_success", "after_return", "before_start"))
+        and not app.conf.worker_deduplicate_successful_tasks
+    )
+
+
+async def apply_coroutine(
+    app: Any,
+    task: Any,
+    trace_args: tuple[Any, ...],
+    callback: Callable[[Any], Any] | None,
+    accept_callback: Callable[[int, float], Any] | None,
+) -> Any:
+    """What Celery's `apply_target` does with its tracer, for a coroutine task: the request accepted (task-started),
+    the task traced, then the callback with the outcome (the ack). `trace_args`: what the pool was given for Celery's
+    tracer (task name, id, request, body, content type, content encoding)."""
+    if accept_callback:
+        accept_callback(os.getpid(), time.monotonic())
+    outcome = await trace_coroutine(app, task, *trace_args[1:6])
+    if callback:
+        callback(outcome)
+    return outcome
+
+
+async def trace_coroutine(
+    app: Any, task: Any, task_id: str, request: dict[str, Any], body: Any, content_type: str, content_encoding: str
+) -> tuple[int, Any, float | None]:
+    """`celery.app.trace.trace_task_ret` with the body awaited: `(failed, result or its repr, runtime)`."""
+    args, kwargs, embed = (
+        _loads(body, content_type, content_encoding, accept=_accepted(app.conf.accept_content))
+        if content_type
+        else body
+    )
+    request.update({"args": args, "kwargs": kwargs, "hostname": gethostname(), "is_eager": False}, **(embed or {}))
+    task_request = Context(request, args=args, called_directly=False, kwargs=kwargs)
+    try:
+        info, result, runtime = await _traced(task, task_id, task_request, args, kwargs)
+    except Reject:
+        raise
+    except Exception as exc:  # Celery's tracer's own failure (a signal receiver's, a backend's): as it reports it
+        result, info, runtime = report_internal_error(task, exc), TraceInfo(states.FAILURE, exc), None
+        with _current(task, task_request):
+            info.handle_error_state(task, task_request, eager=False, call_errbacks=True)
+    return (1, result, runtime) if info else (0, result, runtime)
+
+
+async def _traced(
+    task: Any, task_id: str, request: Context, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[TraceInfo | None, Any, float | None]:
+    """The tracer's body: prerun, the work, its outcome, postrun (Celery's `trace_task`, in its order)."""
+    retval = state = None
+    started = time.monotonic()
+    with _current(task, request):
+        if signals.task_prerun.receivers:
+            signals.task_prerun.send(sender=task, task_id=task_id, task=task, args=args, kwargs=kwargs)
+        task.app.loader.on_task_init(task_id, task)
+    try:
+        retval = await task.coroutine_body(request, *args, **kwargs)
+    except Exception as exc:  # Reject, Ignore and Retry too: what Celery's tracer catches of a body
+        with _current(task, request):
+            info, result = _failed(task, request, exc)
+        state, retval = info.state, info.retval
+        return info, result, None
+    else:
+        with _current(task, request):
+            result = _succeeded(task, task_id, request, retval, started, args, kwargs)
+        state = states.SUCCESS
+        return None, result, time.monotonic() - started
+    finally:
+        with _current(task, request):
+            if signals.task_postrun.receivers:
+                signals.task_postrun.send(
+                    sender=task, task_id=task_id, task=task, args=args, kwargs=kwargs, retval=retval, state=state
+                )
+        task.backend.process_cleanup()
+        task.app.loader.on_process_cleanup()
+
+
+def _failed(task: Any, request: Context, exc: BaseException) -> tuple[TraceInfo, Any]:
+    """What the tracer makes of an exception of the work (called in its `except`: Celery reads `sys.exc_info()`)."""
+    if isinstance(exc, (Reject, Ignore)):
+        info = TraceInfo(states.REJECTED if isinstance(exc, Reject) else states.IGNORED, exc)
+        result = ExceptionInfo(internal=True)
+        (info.handle_reject if isinstance(exc, Reject) else info.handle_ignore)(task, request)
+        return info, result
+    info = TraceInfo(states.RETRY if isinstance(exc, Retry) else states.FAILURE, exc)
+    return info, info.handle_error_state(task, request, eager=False, call_errbacks=not isinstance(exc, Retry))
+
+
+def _succeeded(
+    task: Any, task_id: str, request: Context, retval: Any, started: float, args: list[Any], kwargs: dict[str, Any]
+) -> str:
+    """The result stored (if the task keeps results), `task_success` sent, Celery's success log line: the result's repr."""
+    task.backend.mark_as_done(task_id, retval, request, not get_actual_ignore_result(task, request))
+    shown: str = saferepr(retval, task.resultrepr_maxsize)
+    runtime = time.monotonic() - started
+    if signals.task_success.receivers:
+        signals.task_success.send(sender=task, result=retval, runtime=runtime)
+    celery_trace_log.info(
+        LOG_SUCCESS,
+        {
+            "id": task_id, "name": request.get("shadow") or task.name, "return_value": shown, "runtime": runtime,
+            "args": request.get("argsrepr") or saferepr(args), "kwargs": request.get("kwargsrepr") or saferepr(kwargs),
+        },
+    )  # fmt: skip
+    return shown
+
+
+@contextmanager
+def _current(task: Any, request: Context) -> Iterator[None]:
+    """The task and its request as Celery's current ones, for a synchronous part of its trace."""
+    _task_stack.push(task)
+    task.request_stack.push(request)
+    try:
+        yield
+    finally:
+        task.request_stack.pop()
+        _task_stack.pop()

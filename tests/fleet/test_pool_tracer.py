@@ -1,0 +1,182 @@
+"""lousho's pool traces a task whose work is a coroutine itself (lousho/worker/tracer.py, issue #29): the work is
+awaited on the pool's loop with no greenlet held while it waits, each gets its own request, and the outcome and the
+signals are the ones Celery's own tracer gives, for each kind of outcome. In process: a Celery app, the pool's
+loops, no worker (tests/fleet/test_many_in_flight.py runs lousho's tasks so on real workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
+from celery import Celery, signals
+from celery.app.trace import trace_task_ret
+from celery.exceptions import Ignore, Reject, Retry
+
+from lousho.worker.pool import AsyncioPool, _StepGreenlet, await_on_loop, on_pool_loop
+from lousho.worker.tracer import trace_coroutine
+
+app = Celery("lousho-test-tracer", set_as_current=False)
+app.conf.update(task_acks_late=True, task_ignore_result=True)
+
+
+def act(kind: str) -> str:
+    """What a task's work does, by `kind`: each outcome Celery's tracer tells apart."""
+    if kind == "reject":
+        raise Reject("not for this worker", requeue=True)
+    if kind == "ignore":
+        raise Ignore()
+    if kind == "retry":
+        raise Retry("again later")
+    if kind == "fail":
+        raise ValueError("the work failed")
+    return f"done {kind}"
+
+
+async def act_later(request: Any, kind: str) -> str:
+    await asyncio.sleep(0)
+    return act(kind)
+
+
+@app.task(name="t.act", bind=True, shared=False, coroutine_body=staticmethod(act_later))  # type: ignore[untyped-decorator]
+def act_task(task: Any, kind: str) -> str:
+    return act(kind)
+
+
+class Seen:
+    """What two coroutine tasks saw while they ran side by side on one loop."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, tuple[str, Any]] = {}
+        self.on_pool_loop: list[bool] = []
+        self.greenlets: list[int] = []
+        self.release = threading.Event()
+
+
+SEEN = Seen()
+
+
+async def look_around(request: Any, name: str) -> str:
+    SEEN.on_pool_loop.append(on_pool_loop())
+    SEEN.greenlets.append(sum(isinstance(o, _StepGreenlet) for o in gc.get_objects()))
+    while not SEEN.release.is_set():  # noqa: ASYNC110 -- as a step waits on its model; set from the test's thread
+        await asyncio.sleep(0.01)
+    SEEN.requests[name] = (request.id, app.tasks["t.look"].request.id)
+    return name
+
+
+@app.task(name="t.look", bind=True, shared=False, coroutine_body=staticmethod(look_around))  # type: ignore[untyped-decorator]
+def look_task(task: Any, name: str) -> str:
+    raise AssertionError("lousho's pool awaits the coroutine")
+
+
+@app.task(name="t.plain", bind=True, shared=False)  # type: ignore[untyped-decorator]
+def plain_task(task: Any) -> bool:
+    async def nothing() -> None:
+        await asyncio.sleep(0)
+
+    await_on_loop(nothing())
+    return on_pool_loop()
+
+
+def message(name: str, *args: Any) -> tuple[Any, ...]:
+    """What Celery's consumer hands its pool for a message of task `name` (`Request.execute_using_pool`)."""
+    task_id = uuid.uuid4().hex
+    request = {"id": task_id, "task": name, "root_id": task_id, "delivery_info": {"routing_key": "q"}}
+    return (name, task_id, request, (list(args), {}, {}), None, None)
+
+
+@pytest.fixture
+def signals_sent() -> Iterator[list[tuple[str, str, Any]]]:
+    """(signal, task id as `task.request` says while it is sent, state or result)."""
+    sent: list[tuple[str, str, Any]] = []
+
+    def receiver(name: str) -> Any:
+        def receive(sender: Any = None, **kwargs: Any) -> None:
+            sent.append((name, sender.request.id, kwargs.get("state", kwargs.get("result"))))
+
+        return receive
+
+    receivers = {
+        signal: receiver(name)
+        for name, signal in (("prerun", signals.task_prerun), ("postrun", signals.task_postrun),
+                             ("success", signals.task_success), ("failure", signals.task_failure),
+                             ("retry", signals.task_retry))
+    }  # fmt: skip
+    for signal, receive in receivers.items():
+        signal.connect(receive, weak=False)
+    yield sent
+    for signal, receive in receivers.items():
+        signal.disconnect(receive)
+
+
+def shape(outcome: tuple[int, Any, Any]) -> tuple[int, Any]:
+    """Whether it failed, and its result's repr or its exception's type (unwrapped as Celery's request unwraps it)."""
+    failed, result, _runtime = outcome
+    if not isinstance(result, ExceptionInfo):
+        return (failed, result)
+    return (failed, type(getattr(result.exception, "exc", result.exception)))
+
+
+@pytest.mark.parametrize("kind", ["return", "reject", "ignore", "retry", "fail"])
+def test_a_coroutine_task_ends_as_celerys_tracer_ends_it(kind: str, signals_sent: list[tuple[str, str, Any]]) -> None:
+    by_celery = trace_task_ret(*message("t.act", kind), app=app)
+    celerys_signals = [(name, state) for name, _id, state in signals_sent]
+    signals_sent.clear()
+
+    _name, task_id, request, body, content_type, encoding = message("t.act", kind)
+    ours = asyncio.run(trace_coroutine(app, app.tasks["t.act"], task_id, request, body, content_type, encoding))
+
+    assert shape(ours) == shape(by_celery)
+    assert [(signal, state) for signal, _id, state in signals_sent] == celerys_signals
+    assert {sent_for for _signal, sent_for, _state in signals_sent} == {task_id}, "task.request is the task's own"
+    assert app.tasks["t.act"].request.id is None, "no request is left current after the trace"
+
+
+@pytest.fixture
+def pool() -> Iterator[AsyncioPool]:
+    pool = AsyncioPool(limit=4, app=app)
+    pool.on_start()
+    yield pool
+    pool.on_stop()
+
+
+def test_coroutine_tasks_wait_on_the_pools_loop_holding_no_greenlet_each_with_its_own_request(
+    pool: AsyncioPool,
+) -> None:
+    outcomes: list[Any] = []
+    accepted = threading.Semaphore(0)
+    SEEN.__init__()  # type: ignore[misc]
+    sent = [message("t.look", "first"), message("t.look", "second")]
+    applied = [
+        pool.on_apply(
+            trace_task_ret, args=args, callback=outcomes.append, accept_callback=lambda *_: accepted.release()
+        )
+        for args in sent
+    ]
+    assert accepted.acquire(timeout=30) and accepted.acquire(timeout=30)
+    while len(SEEN.greenlets) < 2:
+        threading.Event().wait(0.01)
+    SEEN.release.set()
+    for outcome in applied:
+        outcome.get(timeout=30)
+
+    assert SEEN.on_pool_loop == [False, False], "the work runs on the loop itself, not in a greenlet"
+    assert SEEN.greenlets == [0, 0]
+    assert SEEN.requests == {"first": (sent[0][1], None), "second": (sent[1][1], None)}, (
+        "each sees its own request, and no other task's as Celery's current one"
+    )
+    assert sorted(outcome[:2] for outcome in outcomes) == [(0, "'first'"), (0, "'second'")]
+
+
+def test_a_task_with_no_coroutine_runs_through_celerys_tracer_in_a_greenlet(pool: AsyncioPool) -> None:
+    outcomes: list[Any] = []
+    applied = pool.on_apply(trace_task_ret, args=message("t.plain"), kwargs={"app": app}, callback=outcomes.append)
+    applied.get(timeout=30)
+
+    assert [outcome[:2] for outcome in outcomes] == [(0, "True")]
