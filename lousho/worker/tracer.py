@@ -83,7 +83,7 @@ async def trace_coroutine(
         else body
     )
     request.update({"args": args, "kwargs": kwargs, "hostname": gethostname(), "is_eager": False}, **(embed or {}))
-    task_request = Context(request, args=args, called_directly=False, kwargs=kwargs)
+    task_request = _context(request)
     try:
         info, result, runtime = await _traced(task, task_id, task_request, args, kwargs)
     except Reject:
@@ -155,6 +155,25 @@ def _succeeded(
         },
     )  # fmt: skip
     return shown
+
+
+_CELERY_KEYS = frozenset({*Context.__dict__, "lang", "task", "argsrepr", "kwargsrepr", "compression"})
+"""What `Context` does not count among a message's custom headers (`Context._get_custom_headers`)."""
+
+
+def _context(request: dict[str, Any]) -> Context:
+    """Celery's `Context(request, called_directly=False)`, made on the request's own dict instead of a copy (Celery's
+    request holds that dict for the task's life anyway), its custom headers in a dict of their own size (Celery
+    copies every header, then drops its own): 1.6 KB less a call in flight (issue #29)."""
+    request["called_directly"] = False
+    context = Context.__new__(Context)
+    context.__dict__ = request
+    timelimit = request.get("timelimit")
+    if isinstance(timelimit, (list, tuple)) and len(timelimit) >= 2:  # as `Context.update`
+        context.time_limit, context.soft_time_limit = timelimit[0], timelimit[1]
+    if context.headers is None:
+        context.headers = {name: value for name, value in request.items() if name not in _CELERY_KEYS} or None
+    return context
 
 
 @contextmanager

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import Celery, signals
+from celery.app.task import Context
 from celery.app.trace import trace_task_ret
 from celery.exceptions import Ignore, Reject, Retry
 
 from lousho.worker.pool import AsyncioPool, _StepGreenlet, await_on_loop, on_pool_loop
-from lousho.worker.tracer import trace_coroutine
+from lousho.worker.tracer import _context, trace_coroutine
 
 app = Celery("lousho-test-tracer", set_as_current=False)
 app.conf.update(task_acks_late=True, task_ignore_result=True)
@@ -136,6 +137,19 @@ def test_a_coroutine_task_ends_as_celerys_tracer_ends_it(kind: str, signals_sent
     assert [(signal, state) for signal, _id, state in signals_sent] == celerys_signals
     assert {sent_for for _signal, sent_for, _state in signals_sent} == {task_id}, "task.request is the task's own"
     assert app.tasks["t.act"].request.id is None, "no request is left current after the trace"
+
+
+@pytest.mark.parametrize("timelimit", [[30, 20], [None, None], None])
+def test_the_request_a_coroutine_task_gets_is_celerys_context_of_its_message(timelimit: Any) -> None:
+    _name, task_id, request, *_ = message("t.act", "return")
+    request.update(lousho_protocol=2, retries=1, args=["x"], kwargs={}, hostname="h", is_eager=False)
+    if timelimit is not None:
+        request["timelimit"] = timelimit
+
+    made = _context(dict(request))
+
+    assert vars(made) == vars(Context(dict(request), called_directly=False))
+    assert made.headers == {"lousho_protocol": 2} and made.id == task_id
 
 
 @pytest.fixture
