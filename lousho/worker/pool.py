@@ -43,7 +43,7 @@ from celery.app.trace import fast_trace_task, trace_task_ret
 from celery.concurrency.base import BasePool, apply_target
 
 from lousho.fleet.settings import DEFAULT_SLOTS
-from lousho.worker.tracer import apply_coroutine, traceable
+from lousho.worker.tracer import apply_coroutine, coroutine_args
 
 __all__ = ["AsyncioPool", "await_on_loop", "on_pool_loop"]
 
@@ -257,10 +257,11 @@ class AsyncioPool(BasePool):  # type: ignore[misc]
     ) -> Coroutine[Any, Any, Any]:
         """A task's trace, on its loop: a task whose work is a coroutine (lousho's) awaited by `tracer.py`; any other
         through Celery's own tracer, in a greenlet (`_drive`)."""
-        if target in _CELERY_TRACERS and args and not kwargs:
-            task = self.app.tasks.get(args[0]) if self.app is not None else None
-            if task is not None and traceable(self.app, task, args[2]):
-                return apply_coroutine(self.app, task, args, callback, accept_callback)
+        if target in _CELERY_TRACERS and args and not kwargs and self.app is not None:
+            task = self.app.tasks.get(args[0])
+            decoded = coroutine_args(self.app, task, args) if task is not None else None
+            if decoded is not None:
+                return apply_coroutine(self.app, task, args, decoded, callback, accept_callback)
         return _drive(apply_target, target, args, kwargs, callback, accept_callback)
 
     def _finished(self, outcome: _Applied, task: asyncio.Task[Any]) -> None:

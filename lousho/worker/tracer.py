@@ -12,8 +12,8 @@ Celery's tracer does for them, in the same order and with Celery's own pieces, a
 tracer calls the body. Celery's stack of requests (`task.request`) and current task are per thread: they are
 set around each synchronous part (the signals, the outcome's handling), not across an await, so the coroutine
 gets its request as an argument. What a lousho task never has goes through Celery's tracer, in a greenlet, as
-before (`traceable`): callbacks or a chain in its message, `on_success`/`after_return`/`before_start` of its own,
-a worker that deduplicates successful tasks.
+before (`coroutine_args`): callbacks or a chain in its message, `on_success`/`after_return`/`before_start` of its
+own, a result backend told it started, a worker that deduplicates successful tasks.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from celery.utils.nodenames import gethostname
 from celery.utils.saferepr import saferepr
 from kombu import serialization
 
-__all__ = ["CoroutineBody", "apply_coroutine", "traceable"]
+__all__ = ["CoroutineBody", "Decoded", "apply_coroutine", "coroutine_args", "trace_coroutine"]
 
 # kombu's serialization is untyped: how Celery's tracer decodes a message's body.
 _loads: Callable[..., tuple[list[Any], dict[str, Any], dict[str, Any] | None]] = serialization.loads
@@ -45,43 +45,59 @@ CoroutineBody = Callable[..., Coroutine[Any, Any, Any]]
 """A task's work as a coroutine: called with the task's request (Celery's `Context`) and the message's args."""
 
 
-def traceable(app: Any, task: Any, request: dict[str, Any]) -> bool:
-    """Whether `trace_coroutine` does all Celery's tracer would do for this task and message."""
-    return (
-        getattr(task, "coroutine_body", None) is not None
-        and not (request.get("callbacks") or request.get("chain"))
-        and not any(task_has_custom(task, hook) for hook in ("on_success", "after_return", "before_start"))
-        and not app.conf.worker_deduplicate_successful_tasks
-    )
+Decoded = tuple[list[Any], dict[str, Any], dict[str, Any] | None]
+"""A message's body as Celery's tracer reads it: args, kwargs, and what it embeds (callbacks, chain, chord)."""
+
+
+def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded | None:
+    """The message's decoded body when `trace_coroutine` does all Celery's tracer would do for this task and
+    message; None when Celery's tracer must run it: no `coroutine_body`, hooks of the task's own, a result backend
+    told it started (`track_started`), callbacks or a chain to send after it, a worker that deduplicates
+    successful tasks, or a body that does not decode (Celery's tracer reports that)."""
+    _name, _task_id, request, body, content_type, content_encoding = trace_args
+    if getattr(task, "coroutine_body", None) is None or app.conf.worker_deduplicate_successful_tasks:
+        return None
+    if any(task_has_custom(task, hook) for hook in ("on_success", "after_return", "before_start")):
+        return None
+    ignore_result = request.get("ignore_result")
+    if task.track_started and not (task.ignore_result if ignore_result is None else ignore_result):
+        return None
+    decoded: Decoded = body
+    if content_type:
+        try:
+            decoded = _loads(body, content_type, content_encoding, accept=_accepted(app.conf.accept_content))
+        except Exception:  # whatever it is, Celery's tracer raises and reports it as for any task
+            return None
+    if not (isinstance(decoded, (list, tuple)) and len(decoded) == 3 and isinstance(decoded[2] or {}, dict)):
+        return None  # not a body of Celery's protocol 2: Celery's tracer says so
+    embed = decoded[2] or {}
+    return None if embed.get("callbacks") or embed.get("chain") else decoded
 
 
 async def apply_coroutine(
     app: Any,
     task: Any,
     trace_args: tuple[Any, ...],
+    decoded: Decoded,
     callback: Callable[[Any], Any] | None,
     accept_callback: Callable[[int, float], Any] | None,
 ) -> Any:
     """What Celery's `apply_target` does with its tracer, for a coroutine task: the request accepted (task-started),
     the task traced, then the callback with the outcome (the ack). `trace_args`: what the pool was given for Celery's
-    tracer (task name, id, request, body, content type, content encoding)."""
+    tracer (task name, id, request, body, content type, content encoding); `decoded`: `coroutine_args`'."""
     if accept_callback:
         accept_callback(os.getpid(), time.monotonic())
-    outcome = await trace_coroutine(app, task, *trace_args[1:6])
+    outcome = await trace_coroutine(app, task, trace_args[1], trace_args[2], decoded)
     if callback:
         callback(outcome)
     return outcome
 
 
 async def trace_coroutine(
-    app: Any, task: Any, task_id: str, request: dict[str, Any], body: Any, content_type: str, content_encoding: str
+    app: Any, task: Any, task_id: str, request: dict[str, Any], decoded: Decoded
 ) -> tuple[int, Any, float | None]:
     """`celery.app.trace.trace_task_ret` with the body awaited: `(failed, result or its repr, runtime)`."""
-    args, kwargs, embed = (
-        _loads(body, content_type, content_encoding, accept=_accepted(app.conf.accept_content))
-        if content_type
-        else body
-    )
+    args, kwargs, embed = decoded
     request.update({"args": args, "kwargs": kwargs, "hostname": gethostname(), "is_eager": False}, **(embed or {}))
     task_request = _context(request)
     try:

@@ -15,15 +15,16 @@ from typing import Any
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import Celery, signals
+from celery import _state as celery_state
 from celery.app.task import Context
 from celery.app.trace import trace_task_ret
 from celery.exceptions import Ignore, Reject, Retry
 
 from lousho.worker.pool import AsyncioPool, _StepGreenlet, await_on_loop, on_pool_loop
-from lousho.worker.tracer import _context, trace_coroutine
+from lousho.worker.tracer import _context, coroutine_args, trace_coroutine
 
 app = Celery("lousho-test-tracer", set_as_current=False)
-app.conf.update(task_acks_late=True, task_ignore_result=True)
+app.conf.update(task_acks_late=True, task_ignore_result=True, broker_url="memory://")  # a callback's publish
 
 
 def act(kind: str) -> str:
@@ -130,8 +131,8 @@ def test_a_coroutine_task_ends_as_celerys_tracer_ends_it(kind: str, signals_sent
     celerys_signals = [(name, state) for name, _id, state in signals_sent]
     signals_sent.clear()
 
-    _name, task_id, request, body, content_type, encoding = message("t.act", kind)
-    ours = asyncio.run(trace_coroutine(app, app.tasks["t.act"], task_id, request, body, content_type, encoding))
+    _name, task_id, request, body, _content_type, _encoding = message("t.act", kind)
+    ours = asyncio.run(trace_coroutine(app, app.tasks["t.act"], task_id, request, body))
 
     assert shape(ours) == shape(by_celery)
     assert [(signal, state) for signal, _id, state in signals_sent] == celerys_signals
@@ -194,3 +195,66 @@ def test_a_task_with_no_coroutine_runs_through_celerys_tracer_in_a_greenlet(pool
     applied.get(timeout=30)
 
     assert [outcome[:2] for outcome in outcomes] == [(0, "True")]
+
+
+async def say_coroutine(request: Any) -> str:
+    await asyncio.sleep(0)
+    return "coroutine"
+
+
+@app.task(name="t.both", bind=True, shared=False, coroutine_body=staticmethod(say_coroutine))  # type: ignore[untyped-decorator]
+def both_task(task: Any) -> str:
+    return "by celery"
+
+
+@app.task(name="t.noted", shared=False)  # type: ignore[untyped-decorator]
+def noted_task(*_: Any) -> None:
+    """A callback: linked to a message, sent when that task succeeds."""
+
+
+@pytest.fixture
+def current() -> Iterator[None]:
+    """This module's app as Celery's current one, as in a worker (Celery's tracer finds the task by name in it)."""
+    before = celery_state.default_app
+    app.set_default()  # the pool's loop threads see it (the current app is per thread)
+    yield
+    celery_state.default_app = before
+
+
+@pytest.mark.usefixtures("current")
+def test_a_message_with_callbacks_goes_through_celerys_tracer(pool: AsyncioPool) -> None:
+    plain, linked = message("t.both"), message("t.both")
+    linked = (*linked[:3], ([], {}, {"callbacks": [noted_task.s()], "chain": None}), None, None)
+    outcomes: list[Any] = []
+    for args in (plain, linked):
+        pool.on_apply(trace_task_ret, args=args, callback=outcomes.append).get(timeout=30)
+
+    assert [outcome[:2] for outcome in outcomes] == [(0, "'coroutine'"), (0, "'by celery'")]
+
+
+@pytest.mark.parametrize(
+    ("task_options", "body", "content_type", "traced_as_coroutine"),
+    [
+        ({}, ([], {}, {}), None, True),
+        ({}, b'[[], {}, {"callbacks": null, "chain": null}]', "application/json", True),
+        ({"track_started": True, "ignore_result": False}, ([], {}, {}), None, False),  # a backend told it started
+        ({}, ([], {}, {"chain": [{"task": "t.noted"}]}), None, False),
+        ({}, b"not json", "application/json", False),  # Celery's tracer reports it
+        ({}, ["not", "a body"], None, False),
+    ],
+)
+def test_celerys_tracer_runs_what_the_coroutine_tracer_does_not_do(
+    task_options: dict[str, Any], body: Any, content_type: str | None, traced_as_coroutine: bool
+) -> None:
+    task = app.tasks["t.both"]
+    saved = {name: getattr(task, name) for name in task_options}
+    for name, value in task_options.items():
+        setattr(task, name, value)
+    try:
+        name, task_id, request, *_ = message("t.both")
+        decoded = coroutine_args(app, task, (name, task_id, request, body, content_type, "utf-8"))
+    finally:
+        for name, value in saved.items():
+            setattr(task, name, value)
+
+    assert (decoded is not None) == traced_as_coroutine
