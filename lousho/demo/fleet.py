@@ -268,6 +268,7 @@ class FleetDemo:
             worker = self.worker_named(int(entry["pid"]))
             if entry["tool"] != TOOL_TO_KILL or worker is None or not worker.alive():
                 continue
+            killed_at = self.now()  # before the signal: the death sweep may see the worker gone before kill() returns
             worker.kill(signal.SIGKILL)
             self.kill = Kill(
                 worker=worker.name,
@@ -275,7 +276,7 @@ class FleetDemo:
                 session=entry["session"],
                 call_id=call_id,
                 tool=entry["tool"],
-                at=self.now(),
+                at=killed_at,
             )
             self.log(
                 f"[bold red]SIGKILL -> {worker.name} (pid {worker.pid})[/] while it ran {entry['tool']} "
