@@ -83,8 +83,7 @@ class BatchedQoS(redis.QoS):
         """Remove the records of messages taken and never delivered (moved aside): else the visibility timeout
         would put them back on the queue."""
         if delivery_tags:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zrem(self.unacked_index_key, *delivery_tags).hdel(self.unacked_key, *delivery_tags).execute()
+            self._remove_records(delivery_tags)
 
     def flush_acks(self) -> None:
         """Remove this turn's acknowledged messages from Redis, in one pipeline."""
@@ -92,11 +91,15 @@ class BatchedQoS(redis.QoS):
             return
         tags, self._acked = self._acked, []
         try:
-            with self.pipe_or_acquire() as pipe:
-                pipe.zrem(self.unacked_index_key, *tags).hdel(self.unacked_key, *tags).execute()
+            self._remove_records(tags)
         except self.channel.connection_errors as exc:  # as Celery's `ack_log_error`: logged, the worker goes on
             log.error(
                 "lousho: could not remove %d acknowledged messages from Redis (%r); they are delivered again "
                 "after the visibility timeout, and each finds its step's work recorded",
                 len(tags), exc,
             )  # fmt: skip
+
+    def _remove_records(self, delivery_tags: list[str]) -> None:
+        """Remove these messages' records from Redis (the hash and its index), in one pipeline."""
+        with self.pipe_or_acquire() as pipe:
+            pipe.zrem(self.unacked_index_key, *delivery_tags).hdel(self.unacked_key, *delivery_tags).execute()

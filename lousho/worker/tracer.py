@@ -18,6 +18,7 @@ own, a result backend told it started, a worker that deduplicates successful tas
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -39,7 +40,8 @@ __all__ = ["CoroutineBody", "Decoded", "apply_coroutine", "coroutine_args", "tra
 
 # kombu's serialization is untyped: how Celery's tracer decodes a message's body.
 _loads: Callable[..., tuple[list[Any], dict[str, Any], dict[str, Any] | None]] = serialization.loads
-_accepted: Callable[[Any], set[str]] = serialization.prepare_accept_content
+_accepted: Callable[[Any], set[str]] = functools.cache(serialization.prepare_accept_content)
+"""The content types an app accepts, as kombu's `loads` takes them: made once per app's setting, not per message."""
 
 CoroutineBody = Callable[..., Coroutine[Any, Any, Any]]
 """A task's work as a coroutine: called with the task's request (Celery's `Context`) and the message's args."""
@@ -57,7 +59,7 @@ def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded 
     _name, _task_id, request, body, content_type, content_encoding = trace_args
     if getattr(task, "coroutine_body", None) is None or app.conf.worker_deduplicate_successful_tasks:
         return None
-    if any(task_has_custom(task, hook) for hook in ("on_success", "after_return", "before_start")):
+    if _has_hooks(task):
         return None
     ignore_result = request.get("ignore_result")
     if task.track_started and not (task.ignore_result if ignore_result is None else ignore_result):
@@ -65,13 +67,24 @@ def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded 
     decoded: Decoded = body
     if content_type:
         try:
-            decoded = _loads(body, content_type, content_encoding, accept=_accepted(app.conf.accept_content))
+            decoded = _loads(body, content_type, content_encoding, accept=_accepted(tuple(app.conf.accept_content)))
         except Exception:  # whatever it is, Celery's tracer raises and reports it as for any task
             return None
     if not (isinstance(decoded, (list, tuple)) and len(decoded) == 3 and isinstance(decoded[2] or {}, dict)):
         return None  # not a body of Celery's protocol 2: Celery's tracer says so
     embed = decoded[2] or {}
     return None if embed.get("callbacks") or embed.get("chain") else decoded
+
+
+_HOOKED: dict[type, bool] = {}
+"""Task class -> whether it has hooks of its own that Celery's tracer calls (looked up once per task, not per message)."""
+
+
+def _has_hooks(task: Any) -> bool:
+    kind = type(task)
+    if kind not in _HOOKED:
+        _HOOKED[kind] = any(task_has_custom(task, hook) for hook in ("on_success", "after_return", "before_start"))
+    return _HOOKED[kind]
 
 
 async def apply_coroutine(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from celery import _state as celery_state
 from celery.app.task import Context
 from celery.app.trace import trace_task_ret
@@ -258,3 +258,20 @@ def test_celerys_tracer_runs_what_the_coroutine_tracer_does_not_do(
             setattr(task, name, value)
 
     assert (decoded is not None) == traced_as_coroutine
+
+
+class Hooked(Task):  # type: ignore[misc]
+    """A task class with a hook of its own, which only Celery's tracer calls."""
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        return None
+
+
+@app.task(name="t.hooked", bind=True, shared=False, base=Hooked, coroutine_body=staticmethod(say_coroutine))  # type: ignore[untyped-decorator]
+def hooked_task(task: Any) -> str:
+    return "by celery"
+
+
+def test_a_task_with_hooks_of_its_own_goes_through_celerys_tracer() -> None:
+    assert coroutine_args(app, app.tasks["t.hooked"], message("t.hooked")) is None
+    assert coroutine_args(app, app.tasks["t.both"], message("t.both")) is not None
