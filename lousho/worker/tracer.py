@@ -7,7 +7,7 @@ and acknowledges the message (acks_late). That tracer is synchronous: on lousho'
 model held a greenlet for the tracer's frames, about 6 KB of a process's memory per call in flight (Python 3.11
 gives each greenlet a stack of its own for its frames, a page at least; docs/fleet.md).
 
-lousho's tasks give their work as a coroutine too (`coroutine_body`, `tasks.py`); `trace_coroutine` does what
+lousho's tasks give their work as a coroutine too (`coroutine_body`, `tasks.py`); `apply_coroutine` does what
 Celery's tracer does for them, in the same order and with Celery's own pieces, awaiting the coroutine where the
 tracer calls the body. Celery's stack of requests (`task.request`) and current task are per thread: they are
 set around each synchronous part (the signals, the outcome's handling), not across an await, so the coroutine
@@ -29,14 +29,14 @@ from billiard.einfo import ExceptionInfo  # type: ignore[import-untyped]
 from celery import signals, states
 from celery._state import _task_stack
 from celery.app.task import Context, get_actual_ignore_result
-from celery.app.trace import LOG_SUCCESS, TraceInfo, report_internal_error, task_has_custom
+from celery.app.trace import LOG_SUCCESS, TraceInfo, _signal_internal_error, report_internal_error, task_has_custom
 from celery.app.trace import logger as celery_trace_log
 from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.nodenames import gethostname
 from celery.utils.saferepr import saferepr
 from kombu import serialization
 
-__all__ = ["CoroutineBody", "Decoded", "apply_coroutine", "coroutine_args", "trace_coroutine"]
+__all__ = ["CoroutineBody", "Decoded", "apply_coroutine", "coroutine_args"]
 
 # kombu's serialization is untyped: how Celery's tracer decodes a message's body.
 _loads: Callable[..., tuple[list[Any], dict[str, Any], dict[str, Any] | None]] = serialization.loads
@@ -52,7 +52,7 @@ Decoded = tuple[list[Any], dict[str, Any], dict[str, Any] | None]
 
 
 def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded | None:
-    """The message's decoded body when `trace_coroutine` does all Celery's tracer would do for this task and
+    """The message's decoded body when `apply_coroutine` does all Celery's tracer would do for this task and
     message; None when Celery's tracer must run it: no `coroutine_body`, hooks of the task's own, a result backend
     told it started (`track_started`), callbacks or a chain to send after it, a worker that deduplicates
     successful tasks, or a body that does not decode (Celery's tracer reports that)."""
@@ -94,66 +94,83 @@ async def apply_coroutine(
     decoded: Decoded,
     callback: Callable[[Any], Any] | None,
     accept_callback: Callable[[int, float], Any] | None,
-) -> Any:
-    """What Celery's `apply_target` does with its tracer, for a coroutine task: the request accepted (task-started),
-    the task traced, then the callback with the outcome (the ack). `trace_args`: what the pool was given for Celery's
-    tracer (task name, id, request, body, content type, content encoding); `decoded`: `coroutine_args`'."""
+) -> tuple[int, Any, float | None]:
+    """What Celery's `apply_target` does with its tracer (`trace_task_ret`), for a coroutine task: the request
+    accepted (task-started), prerun, the work awaited, its outcome, postrun (Celery's `trace_task`, in its order),
+    then the callback with `(failed, result or its repr, runtime)` (the ack). `trace_args`: what the pool was given
+    for Celery's tracer (task name, id, request, body, content type, content encoding); `decoded`:
+    `coroutine_args`'. One coroutine, its synchronous parts in functions: a step in flight holds its frame for
+    minutes, hundreds a process (issue #29)."""
     if accept_callback:
         accept_callback(os.getpid(), time.monotonic())
-    outcome = await trace_coroutine(app, task, trace_args[1], trace_args[2], decoded)
+    task_id, request = trace_args[1], _task_request(trace_args[2], decoded)
+    args, kwargs = request.args, request.kwargs
+    retval = state = None
+    started = time.monotonic()
+    try:
+        try:
+            _prerun(task, task_id, request)
+            try:
+                retval = await task.coroutine_body(request, *args, **kwargs)
+            except Exception as exc:  # Reject, Ignore and Retry too: what Celery's tracer catches of a body
+                with _current(task, request):
+                    info, result = _failed(task, request, exc)
+                state, retval = info.state, info.retval
+                outcome: tuple[int, Any, float | None] = (1, result, None)
+            else:
+                with _current(task, request):
+                    result = _succeeded(task, task_id, request, retval, started, args, kwargs)
+                state, outcome = states.SUCCESS, (0, result, time.monotonic() - started)
+        finally:
+            _postrun(task, task_id, request, retval, state)
+    except Reject:
+        raise
+    except Exception as exc:  # Celery's tracer's own failure (the loader's, a backend's): as it reports it
+        outcome = (1, _internal_error(task, task_id, request, exc), None)
     if callback:
         callback(outcome)
     return outcome
 
 
-async def trace_coroutine(
-    app: Any, task: Any, task_id: str, request: dict[str, Any], decoded: Decoded
-) -> tuple[int, Any, float | None]:
-    """`celery.app.trace.trace_task_ret` with the body awaited: `(failed, result or its repr, runtime)`."""
+def _task_request(request: dict[str, Any], decoded: Decoded) -> Context:
+    """The task's request (`task.request`) as Celery's tracer makes it from the message's request and body."""
     args, kwargs, embed = decoded
     request.update({"args": args, "kwargs": kwargs, "hostname": gethostname(), "is_eager": False}, **(embed or {}))
-    task_request = _context(request)
-    try:
-        info, result, runtime = await _traced(task, task_id, task_request, args, kwargs)
-    except Reject:
-        raise
-    except Exception as exc:  # Celery's tracer's own failure (a signal receiver's, a backend's): as it reports it
-        result, info, runtime = report_internal_error(task, exc), TraceInfo(states.FAILURE, exc), None
-        with _current(task, task_request):
-            info.handle_error_state(task, task_request, eager=False, call_errbacks=True)
-    return (1, result, runtime) if info else (0, result, runtime)
+    return _context(request)
 
 
-async def _traced(
-    task: Any, task_id: str, request: Context, args: list[Any], kwargs: dict[str, Any]
-) -> tuple[TraceInfo | None, Any, float | None]:
-    """The tracer's body: prerun, the work, its outcome, postrun (Celery's `trace_task`, in its order)."""
-    retval = state = None
-    started = time.monotonic()
+def _prerun(task: Any, task_id: str, request: Context) -> None:
+    """`task_prerun` and the loader's task init, with the task's request current."""
     with _current(task, request):
         if signals.task_prerun.receivers:
-            signals.task_prerun.send(sender=task, task_id=task_id, task=task, args=args, kwargs=kwargs)
+            signals.task_prerun.send(sender=task, task_id=task_id, task=task, args=request.args, kwargs=request.kwargs)
         task.app.loader.on_task_init(task_id, task)
+
+
+def _postrun(task: Any, task_id: str, request: Context, retval: Any, state: str | None) -> None:
+    """`task_postrun`, then the backend's and the loader's cleanup (whose failure Celery logs, not reports)."""
     try:
-        retval = await task.coroutine_body(request, *args, **kwargs)
-    except Exception as exc:  # Reject, Ignore and Retry too: what Celery's tracer catches of a body
-        with _current(task, request):
-            info, result = _failed(task, request, exc)
-        state, retval = info.state, info.retval
-        return info, result, None
-    else:
-        with _current(task, request):
-            result = _succeeded(task, task_id, request, retval, started, args, kwargs)
-        state = states.SUCCESS
-        return None, result, time.monotonic() - started
-    finally:
         with _current(task, request):
             if signals.task_postrun.receivers:
                 signals.task_postrun.send(
-                    sender=task, task_id=task_id, task=task, args=args, kwargs=kwargs, retval=retval, state=state
-                )
-        task.backend.process_cleanup()
-        task.app.loader.on_process_cleanup()
+                    sender=task, task_id=task_id, task=task, args=request.args, kwargs=request.kwargs,
+                    retval=retval, state=state,
+                )  # fmt: skip
+    finally:
+        try:
+            task.backend.process_cleanup()
+            task.app.loader.on_process_cleanup()
+        except Exception as exc:
+            celery_trace_log.error("Process cleanup failed: %r", exc, exc_info=True)
+
+
+def _internal_error(task: Any, task_id: str, request: Context, exc: Exception) -> Any:
+    """Celery's tracer's report of its own failure (called in its `except`: Celery reads `sys.exc_info()`)."""
+    _signal_internal_error(task, task_id, request.args, request.kwargs, vars(request), exc)
+    result = report_internal_error(task, exc)
+    with _current(task, request):
+        TraceInfo(states.FAILURE, exc).handle_error_state(task, request, eager=False, call_errbacks=True)
+    return result
 
 
 def _failed(task: Any, request: Context, exc: BaseException) -> tuple[TraceInfo, Any]:

@@ -21,7 +21,7 @@ from celery.app.trace import trace_task_ret
 from celery.exceptions import Ignore, Reject, Retry
 
 from lousho.worker.pool import AsyncioPool, _StepGreenlet, await_on_loop, on_pool_loop
-from lousho.worker.tracer import _context, coroutine_args, trace_coroutine
+from lousho.worker.tracer import _context, apply_coroutine, coroutine_args
 
 app = Celery("lousho-test-tracer", set_as_current=False)
 app.conf.update(task_acks_late=True, task_ignore_result=True, broker_url="memory://")  # a callback's publish
@@ -70,6 +70,13 @@ async def look_around(request: Any, name: str) -> str:
         await asyncio.sleep(0.01)
     SEEN.requests[name] = (request.id, app.tasks["t.look"].request.id)
     return name
+
+
+@app.task(name="t.internal", bind=True, shared=False, coroutine_body=staticmethod(act_later))  # type: ignore[untyped-decorator]
+def internal_task(task: Any, kind: str) -> str:
+    """Traced only by `test_a_failure_of_the_tracer_itself_is_reported_as_celerys_tracer_reports_it`, with a broken
+    loader (Celery's tracer takes the loader's hooks when it is first built for a task)."""
+    return act(kind)
 
 
 @app.task(name="t.look", bind=True, shared=False, coroutine_body=staticmethod(look_around))  # type: ignore[untyped-decorator]
@@ -131,13 +138,44 @@ def test_a_coroutine_task_ends_as_celerys_tracer_ends_it(kind: str, signals_sent
     celerys_signals = [(name, state) for name, _id, state in signals_sent]
     signals_sent.clear()
 
-    _name, task_id, request, body, _content_type, _encoding = message("t.act", kind)
-    ours = asyncio.run(trace_coroutine(app, app.tasks["t.act"], task_id, request, body))
+    trace_args = message("t.act", kind)
+    task_id, body = trace_args[1], trace_args[3]
+    ours = asyncio.run(apply_coroutine(app, app.tasks["t.act"], trace_args, body, None, None))
 
     assert shape(ours) == shape(by_celery)
     assert [(signal, state) for signal, _id, state in signals_sent] == celerys_signals
     assert {sent_for for _signal, sent_for, _state in signals_sent} == {task_id}, "task.request is the task's own"
     assert app.tasks["t.act"].request.id is None, "no request is left current after the trace"
+
+
+def test_a_failure_of_the_tracer_itself_is_reported_as_celerys_tracer_reports_it(
+    signals_sent: list[tuple[str, str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any) -> None:
+        raise RuntimeError("the loader failed")
+
+    monkeypatch.setattr(app.loader, "on_task_init", broken)
+    internal: list[type[BaseException]] = []
+
+    def told(sender: Any = None, **kwargs: Any) -> None:
+        internal.append(type(kwargs["exception"]))
+
+    signals.task_internal_error.connect(told, weak=False)
+    try:
+        with pytest.warns(RuntimeWarning, match="outside body"):  # Celery's report_internal_error warns
+            by_celery = trace_task_ret(*message("t.internal", "return"), app=app)
+        celerys_signals = [(name, state) for name, _id, state in signals_sent]
+        signals_sent.clear()
+        trace_args = message("t.internal", "return")
+        with pytest.warns(RuntimeWarning, match="outside body"):
+            ours = asyncio.run(apply_coroutine(app, app.tasks["t.internal"], trace_args, trace_args[3], None, None))
+    finally:
+        signals.task_internal_error.disconnect(told)
+
+    assert ours[0] == 1 and shape(ours) == shape(by_celery)
+    assert [signal for signal, _id, _state in signals_sent] == ["prerun", "postrun", "failure"]
+    assert [(signal, state) for signal, _id, state in signals_sent] == celerys_signals
+    assert internal == [RuntimeError, RuntimeError]
 
 
 @pytest.mark.parametrize("timelimit", [[30, 20], [None, None], None])
