@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from lousho.abort import AbortSignal, RunAborted, void
+from lousho.abort import AbortSignal, RunAborted
 from lousho.checkpoint import Checkpoint
 from lousho.definition import ResolvedAgent, call_hook
 from lousho.errors import PropagatingToolError
@@ -138,38 +138,46 @@ def _unique_call_ids(message: Message, step: int) -> Message:
 
 async def abortable(awaitable: Any, signal: AbortSignal | None) -> Any:
     """Await `awaitable` unless the signal fires first: then cancel it and raise `RunAborted`."""
-    if signal is None:
+    with CancelOnAbort(signal):
         return await awaitable
-    signal.raise_if_aborted()
-    # The signal cancels this very task where it awaits (from its callback, on the loop), as `asyncio.timeout`
-    # does: no task of its own beside it, nor a second one awaiting the signal (issue #29: a fleet worker holds
-    # this for every step in flight, hundreds a process).
-    here = _CancelHere(asyncio.current_task())
-    loop = asyncio.get_running_loop()
-    undo = signal.on_abort(lambda: void(loop.call_soon_threadsafe(here.cancel)))
-    try:
-        return await awaitable
-    except asyncio.CancelledError:
-        if here.fired and here.task is not None and not here.task.uncancel():  # ours, not the caller's own cancel
-            raise RunAborted(signal.reason) from None
-        raise
-    finally:
-        here.active = False  # a cancel the signal scheduled and the loop has not run yet must not land after this
-        undo()
 
 
-class _CancelHere:
-    """Cancels `task` while it awaits inside `abortable` (both run on the task's loop: no lock)."""
+class CancelOnAbort:
+    """`with CancelOnAbort(signal): await ...`: the signal cancels this very task where it awaits (from its callback,
+    on the loop), as `asyncio.timeout` does, and the block raises `RunAborted`; a signal that fired before raises it
+    at once. No task of its own beside the work, nor a coroutine around it (issue #29: a fleet worker holds this for
+    every step in flight, hundreds a process). `None`: no signal, nothing to do."""
 
-    __slots__ = ("active", "fired", "task")
+    __slots__ = ("active", "fired", "loop", "signal", "task", "undo")
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
-        self.task, self.active, self.fired = task, True, False
+    def __init__(self, signal: AbortSignal | None) -> None:
+        self.signal = signal
 
-    def cancel(self) -> None:
+    def __enter__(self) -> None:
+        if self.signal is None:
+            return
+        self.signal.raise_if_aborted()
+        self.task, self.loop = asyncio.current_task(), asyncio.get_running_loop()
+        self.active, self.fired = True, False
+        self.undo = self.signal.on_abort(self._cancel_soon)
+
+    def _cancel_soon(self) -> None:  # the signal's callback: from any thread
+        self.loop.call_soon_threadsafe(self._cancel)
+
+    def _cancel(self) -> None:  # on the task's loop
         if self.active and self.task is not None:
             self.fired = True
             self.task.cancel()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, _tb: object) -> None:
+        if self.signal is None:
+            return
+        self.active = False  # a cancel the signal scheduled and the loop has not run yet must not land after this
+        self.undo()
+        if kind is None or not issubclass(kind, asyncio.CancelledError) or not self.fired or self.task is None:
+            return
+        if not self.task.uncancel():  # ours, not the caller's own cancel
+            raise RunAborted(self.signal.reason) from None
 
 
 async def take_model_turn(
@@ -193,8 +201,10 @@ async def take_model_turn(
         step=step,
     )
     request = await call_hook(agent.hook("before_model"), request) or request
-    asked = ask_model(provider, request, retry=agent.definition.retry, on_delta=on_delta, on_retry=on_retry)
-    response: ModelResponse = await abortable(asked, signal)
+    with CancelOnAbort(signal):
+        response = await ask_model(
+            provider, request, retry=agent.definition.retry, on_delta=on_delta, on_retry=on_retry
+        )
     response = await call_hook(agent.hook("after_model"), response) or response
     check_storable(response)  # what the hook made of it, too (issue #31)
     message = _unique_call_ids(response.message, step)

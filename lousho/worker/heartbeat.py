@@ -18,7 +18,6 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +39,7 @@ TICKS_PER_BEAT = 8
 """How often a heart wakes per heartbeat interval: the beats it sends are late by at most one tick."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Beating:
     """One piece of work in flight: whose lease its beats extend, and whose abort they watch."""
 
@@ -155,18 +154,29 @@ def heart_of(runtime: FleetRuntime, loop: asyncio.AbstractEventLoop) -> Heart:
     return heart
 
 
-@contextlib.asynccontextmanager
-async def heartbeat(
+def heartbeat(
     runtime: FleetRuntime, session_id: str, lease: Lease, signal: AbortSignal, entry: str | None = None
-) -> AsyncIterator[None]:
-    """Beat every `heartbeat_s` (at most; at least half of it) for as long as the body runs (`entry`: a tool
-    call's run, whose score in the running index each beat pushes to now).
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """`async with heartbeat(...)`: beat every `heartbeat_s` (at most; at least half of it) for as long as the body
+    runs (`entry`: a tool call's run, whose score in the running index each beat pushes to now).
 
     Joining the loop's heart costs nothing on a step that ends before its first beat, as most do (issue #9)."""
-    heart = heart_of(runtime, asyncio.get_running_loop())
-    item = Beating(session_id, lease, signal, entry)
-    heart.add(item)
-    try:
-        yield
-    finally:
-        heart.remove(item)
+    return _BeatingWhileInside(runtime, Beating(session_id, lease, signal, entry))
+
+
+class _BeatingWhileInside:
+    """`heartbeat`'s context: an object of three fields, not a generator's frame (a step in flight holds it, issue #29)."""
+
+    __slots__ = ("heart", "item", "runtime")
+
+    def __init__(self, runtime: FleetRuntime, item: Beating) -> None:
+        self.runtime, self.item = runtime, item
+        self.heart: Heart | None = None
+
+    async def __aenter__(self) -> None:
+        self.heart = heart_of(self.runtime, asyncio.get_running_loop())
+        self.heart.add(self.item)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.heart is not None:
+            self.heart.remove(self.item)

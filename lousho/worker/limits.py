@@ -97,16 +97,18 @@ class FleetProvider:
         self.client = runtime.store.client
         self.keys = runtime.store.keys
 
-    async def generate(self, request: ModelRequest) -> ModelResponse:
-        return await self._ask(request, lambda: self.inner.generate(request))
-
-    async def _ask(self, request: ModelRequest, call: Callable[[], Awaitable[ModelResponse]]) -> ModelResponse:
+    async def generate(
+        self, request: ModelRequest, whole: Callable[[], Awaitable[ModelResponse]] | None = None
+    ) -> ModelResponse:
+        """The inner provider's answer, behind the fleet's rate limit and 429 waits. `whole`: how to ask instead
+        (`stream`'s: the inner stream, gathered). No coroutine between the turn and the inner provider's: a step
+        in flight holds each frame of its await chain (issue #29)."""
         limit = self.runtime.limits.rate_limits.get(request.model)
         waited_s, attempt = 0.0, 0
         while True:
             taken = await self._take(request.model, limit, estimate_tokens(request)) if limit else None
             try:
-                response = await call()
+                response = await (whole() if whole is not None else self.inner.generate(request))
             except ProviderError as exc:
                 if exc.status != 429 or waited_s >= self.runtime.limits.rate_limited_wait_s:
                     raise
@@ -175,7 +177,7 @@ class FleetStreamingProvider(FleetProvider):
                 raise ProviderError("the provider's stream ended without a complete response", retryable=True)
             return response
 
-        asked = asyncio.ensure_future(self._ask(request, whole))
+        asked = asyncio.ensure_future(self.generate(request, whole))
         asked.add_done_callback(lambda _: deltas.put_nowait(None))
         try:
             while (chunk := await deltas.get()) is not None:

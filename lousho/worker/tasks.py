@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from celery.exceptions import Reject
@@ -31,7 +32,6 @@ from lousho.telemetry.counters import FleetCounters
 from lousho.worker.runtime import FleetRuntime, UnknownAgentError
 from lousho.worker.steps import SessionSteps
 from lousho.worker.tool_task import run_tool_call
-from lousho.worker.tracer import CoroutineBody
 
 __all__ = ["register_tasks"]
 
@@ -59,8 +59,15 @@ async def hand_back(runtime: FleetRuntime, request: Any, why: str) -> NoReturn:
     raise Reject(why, requeue=True)  # acks_late: the very message goes back on its queue
 
 
-async def _guarded(runtime: FleetRuntime, request: Any, session_id: Any, work: Any) -> str:
-    """A task's work on session `session_id`, given its request (Celery's `Context`: `task.request`)."""
+StepWork = Callable[..., Coroutine[Any, Any, str]]
+"""What a task does: `work(steps, *args)`, the session's steps and the message's args after the session id."""
+
+
+async def _guarded(
+    runtime: FleetRuntime, work: StepWork, request: Any, session_id: Any, *args: Any, **kwargs: Any
+) -> str:
+    """A task's work on session `session_id`, given its request (Celery's `Context`: `task.request`); then its
+    events written to the session's stream. One coroutine: a step in flight holds its frame (issue #29)."""
     runtime.name_process()  # lousho's pool awaits this without `FleetRuntime.run`
     protocol = message_protocol(request)
     if too_new(protocol):
@@ -69,7 +76,15 @@ async def _guarded(runtime: FleetRuntime, request: Any, session_id: Any, work: A
         validate_session_id(session_id)
         steps = SessionSteps(runtime, session_id)
         try:
-            outcome: str = await _told(steps, work(steps))
+            try:
+                outcome: str = await work(steps, *args, **kwargs)
+            except BaseException as exc:
+                _tell_failure(steps, exc)
+                raise
+            else:
+                _tell_outcome(steps, outcome)
+            finally:
+                steps.events.close()
         except NewerFormatError as exc:  # a session a newer lousho wrote: not damage, never parked
             await hand_back(runtime, request, str(exc))
         except NEEDS_A_HUMAN as exc:
@@ -88,19 +103,20 @@ async def _guarded(runtime: FleetRuntime, request: Any, session_id: Any, work: A
         return f"error: {exc.code}"
 
 
-def _register(app: Any, runtime: FleetRuntime, name: str, work: CoroutineBody) -> None:
-    """Task `name`, whose work is `work(request, *args)`: its body runs it to its end on the pool's loop or the
-    thread's (`FleetRuntime.run`); lousho's pool awaits `coroutine_body` instead."""
+def _register(app: Any, runtime: FleetRuntime, name: str, work: StepWork) -> None:
+    """Task `name`, whose work is `work(steps, *args)` under `_guarded`: its body runs that to its end on the pool's
+    loop or the thread's (`FleetRuntime.run`); lousho's pool awaits `coroutine_body` instead."""
+    guarded = functools.partial(_guarded, runtime, work)
 
     def body(task: Any, *args: Any, **kwargs: Any) -> str:
-        outcome: str = runtime.run(work(task.request, *args, **kwargs))
+        outcome: str = runtime.run(guarded(task.request, *args, **kwargs))
         return outcome
 
     body.__doc__, body.__name__ = work.__doc__, name.rpartition(".")[2]
     # shared=False: Celery's default hands a task to every app made later in the process, so a second
     # app (a test's, a FleetDriver's worker) would run the first app's tasks, on its runtime (issue #14).
     # bind=True: each task reads its message's protocol header (issue #35)
-    app.task(name=name, shared=False, bind=True, coroutine_body=staticmethod(work))(body)
+    app.task(name=name, shared=False, bind=True, coroutine_body=staticmethod(guarded))(body)
 
 
 STOPPED = {"finished": "finished", "aborted": "aborted"}
@@ -109,61 +125,43 @@ ENDED = {*STOPPED, "parked"}
 """A step's outcome after which the session's next save is a client's: the process forgets its transcript."""
 
 
-async def _told(steps: SessionSteps, work: Coroutine[Any, Any, str]) -> str:
-    """Run a task's work, then write its events to the session's stream: the outcome if the run stopped, a
-    failure (the reaper sends the session again); none for a session deleted meanwhile."""
-    try:
-        outcome = await work
-    except SessionSupersededError:
-        steps.events.enabled = False  # deleted or made anew meanwhile: nothing of this run is written back
-        raise
-    except NewerFormatError:
-        steps.events.enabled = False  # handed back untouched for a later lousho (issue #35): not a failure
-        raise
-    except BaseException as exc:
-        steps.events.add("failed", data={"error": f"{type(exc).__name__}: {exc}"[:2000]})
-        raise
+def _tell_failure(steps: SessionSteps, exc: BaseException) -> None:
+    """A task's work raised: its failure in the session's stream (the reaper sends the session again); nothing for a
+    session deleted meanwhile, nor for one handed back untouched for a later lousho (issue #35)."""
+    if isinstance(exc, (SessionSupersededError, NewerFormatError)):
+        steps.events.enabled = False
     else:
-        if outcome in STOPPED:
-            steps.events.add(STOPPED[outcome])  # type: ignore[arg-type]
-        elif outcome == "unknown-session":
-            steps.events.enabled = False  # a deleted session's stream is not made again
-        return outcome
-    finally:
-        steps.events.close()
+        steps.events.add("failed", data={"error": f"{type(exc).__name__}: {exc}"[:2000]})
+
+
+def _tell_outcome(steps: SessionSteps, outcome: str) -> None:
+    """How the run stopped, if it did; a deleted session's stream is not made again."""
+    if outcome in STOPPED:
+        steps.events.add(STOPPED[outcome])  # type: ignore[arg-type]
+    elif outcome == "unknown-session":
+        steps.events.enabled = False
+
+
+def model_turn(steps: SessionSteps, turn: int) -> Coroutine[Any, Any, str]:
+    """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
+    return steps.advance(expected_turn=int(turn))
+
+
+def tool_call(steps: SessionSteps, tool_call_id: str, tool_name: str = "", turn: int = 0) -> Coroutine[Any, Any, str]:
+    """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
+    return run_tool_call(steps, str(tool_call_id), int(turn))
+
+
+def advance(steps: SessionSteps, reason: str = "") -> Coroutine[Any, Any, str]:
+    """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
+    return steps.advance(redispatch=reason in ("reaper", "resume"), requeue=reason == "reaper", abort=reason == "abort")
 
 
 def register_tasks(app: Any, runtime: FleetRuntime) -> None:
     """lousho's tasks on `app`. Each gives its work as a coroutine too (`coroutine_body`): lousho's pool awaits it
     (`tracer.py`, no greenlet a call in flight); any other pool runs the task's body, which runs it to its end."""
 
-    async def model_turn_work(request: Any, session_id: str, turn: int) -> str:
-        """Ask the model for turn `turn` of the session (a no-op when that turn is recorded)."""
-        return await _guarded(runtime, request, session_id, lambda steps: steps.advance(expected_turn=int(turn)))
-
-    async def tool_call_work(
-        request: Any, session_id: str, tool_call_id: str, tool_name: str = "", turn: int = 0
-    ) -> str:
-        """Run one tool call of model turn `turn` (a no-op when its result is recorded)."""
-        return await _guarded(
-            runtime, request, session_id, lambda steps: run_tool_call(steps, str(tool_call_id), int(turn))
-        )
-
-    async def advance_work(request: Any, session_id: str, reason: str = "") -> str:
-        """Do what the checkpoint says is next (after an approval, an abort, a requeue)."""
-        redispatch, requeue = reason in ("reaper", "resume"), reason == "reaper"
-        return await _guarded(
-            runtime,
-            request,
-            session_id,
-            lambda steps: steps.advance(redispatch=redispatch, requeue=requeue, abort=reason == "abort"),
-        )
-
-    for name, work in (
-        (TASK_MODEL_TURN, model_turn_work),
-        (TASK_TOOL_CALL, tool_call_work),
-        (TASK_ADVANCE, advance_work),
-    ):
+    for name, work in ((TASK_MODEL_TURN, model_turn), (TASK_TOOL_CALL, tool_call), (TASK_ADVANCE, advance)):
         _register(app, runtime, name, work)
 
     @app.task(name=TASK_REAP, shared=False)  # type: ignore[untyped-decorator]
