@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from lousho.compact import CompactModel
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, InvalidSessionIdError, NewerFormatError
 from lousho.fingerprint import AgentFingerprint
 from lousho.formats import CHECKPOINT_SCHEMA_VERSION
@@ -53,7 +54,7 @@ class ForkOrigin(BaseModel):
     save: int | None = None
 
 
-class Checkpoint(BaseModel):
+class Checkpoint(CompactModel):
     """A run's whole transcript plus its counters, written under its session id."""
 
     model_config = ConfigDict(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -102,9 +103,16 @@ def validate_business_state(value: Any) -> None:
         ) from None
 
 
+@functools.lru_cache(maxsize=256)
+def system_message(instructions: str) -> Message:
+    """An agent's instructions as the system message: one object per process, shared by every session that starts
+    with them (messages are frozen; a worker holds hundreds of first turns at once, issue #29)."""
+    return Message.system(instructions)
+
+
 def start_session(session_id: str, instructions: str, messages: list[Message], business_state: Any) -> Checkpoint:
     """A new run: the agent's instructions as the system message, then the input."""
-    system = [Message.system(instructions)] if instructions else []
+    system = [system_message(instructions)] if instructions else []
     user = _without_system(messages) if instructions else messages
     return Checkpoint(
         session_id=session_id,

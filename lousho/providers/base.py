@@ -8,6 +8,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lousho.compact import CompactModel
 from lousho.messages import Message, Usage
 
 __all__ = [
@@ -32,7 +33,7 @@ class ToolSpec(BaseModel):
     """JSON schema of the arguments (from the tool's pydantic input model)."""
 
 
-class ModelRequest(BaseModel):
+class ModelRequest(CompactModel):
     """What the engine asks of a provider for one model turn."""
 
     model_config = ConfigDict(frozen=True)
@@ -45,7 +46,7 @@ class ModelRequest(BaseModel):
     """Which model turn of the run this is (1-based)."""
 
 
-class ModelResponse(BaseModel):
+class ModelResponse(CompactModel):
     """One model turn's answer."""
 
     model_config = ConfigDict(frozen=True)
