@@ -8,6 +8,7 @@ for the same provider answers.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,7 +160,7 @@ class CancelOnAbort:
         self.signal.raise_if_aborted()
         self.task, self.loop = asyncio.current_task(), asyncio.get_running_loop()
         self.active, self.fired = True, False
-        self.undo = self.signal.on_abort(self._cancel_soon)
+        self.undo: Callable[[], None] | None = self.signal.on_abort(self._cancel_soon)
 
     def _cancel_soon(self) -> None:  # the signal's callback: from any thread
         self.loop.call_soon_threadsafe(self._cancel)
@@ -173,10 +174,13 @@ class CancelOnAbort:
         if self.signal is None:
             return
         self.active = False  # a cancel the signal scheduled and the loop has not run yet must not land after this
-        self.undo()
-        if kind is None or not issubclass(kind, asyncio.CancelledError) or not self.fired or self.task is None:
-            return
-        if not self.task.uncancel():  # ours, not the caller's own cancel
+        # Dropped, not only called: the undo holds our callback, bound to this object, a cycle that would keep the
+        # task (and what its coroutine returned) alive until a full collection, for every step run (issue #29).
+        undo, task, self.undo, self.task = self.undo, self.task, None, None
+        if undo is not None:
+            undo()
+        cancelled = kind is not None and issubclass(kind, asyncio.CancelledError)
+        if cancelled and self.fired and task is not None and not task.uncancel():  # ours, not the caller's own
             raise RunAborted(self.signal.reason) from None
 
 

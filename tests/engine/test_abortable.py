@@ -1,11 +1,13 @@
 """`engine.abortable`, what every model turn and tool call awaits under (issue #29: it cancels its own task where it
 awaits, with no task of its own): the signal stops the work and says so; a cancel that is not the signal's stays a
-cancel; a signal that fires after the work is over touches nothing after it."""
+cancel; a signal that fires after the work is over touches nothing after it; nothing of it outlives the task."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -78,3 +80,18 @@ async def test_a_signal_that_fires_as_the_work_returns_keeps_its_result_and_canc
         return answer
 
     assert await step() == "answer"
+
+
+async def test_a_task_that_awaited_under_the_signal_is_freed_as_it_ends_not_by_the_cyclic_collector() -> None:
+    # A worker runs thousands of steps: one kept past its end until a full collection keeps its result too (issue #29).
+    signal = AbortSignal()
+    task = asyncio.create_task(abortable(asyncio.sleep(0), signal))
+    gc.disable()
+    try:
+        await task
+        ended = weakref.ref(task)
+        del task
+        await asyncio.sleep(0)  # the loop lets go of what it ran
+        assert ended() is None
+    finally:
+        gc.enable()
