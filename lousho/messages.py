@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from lousho.compact import CompactModel
 from lousho.errors import InvalidInputError
 
 __all__ = [
@@ -32,7 +33,7 @@ INVALID_JSON_KEY = "__invalid_json__"
 `{INVALID_JSON_KEY: <raw text>}`; the engine turns that into an error result the model reads."""
 
 
-class ToolCall(BaseModel):
+class ToolCall(CompactModel):
     """One call the model asked for."""
 
     model_config = ConfigDict(frozen=True)
@@ -45,7 +46,7 @@ class ToolCall(BaseModel):
     """The arguments as JSON, before validation against the tool's input model."""
 
 
-class Message(BaseModel):
+class Message(CompactModel):
     """One message of the transcript."""
 
     model_config = ConfigDict(frozen=True)
@@ -90,7 +91,7 @@ class Message(BaseModel):
         return self.role == other.role and self.content == other.content
 
 
-class Usage(BaseModel):
+class Usage(CompactModel):
     """Token counts, summed over the model turns of a run."""
 
     model_config = ConfigDict(frozen=True)
