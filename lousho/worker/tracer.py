@@ -64,6 +64,10 @@ def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded 
     ignore_result = request.get("ignore_result")
     if task.track_started and not (task.ignore_result if ignore_result is None else ignore_result):
         return None
+    if content_type == "application/json" and _embeds_nothing(body):
+        args, kwargs = request.get("args"), request.get("kwargs")
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            return (args, kwargs, None)  # as Celery's request decoded them: one copy a step in flight, not two
     decoded: Decoded = body
     if content_type:
         try:
@@ -74,6 +78,21 @@ def coroutine_args(app: Any, task: Any, trace_args: tuple[Any, ...]) -> Decoded 
         return None  # not a body of Celery's protocol 2: Celery's tracer says so
     embed = decoded[2] or {}
     return None if embed.get("callbacks") or embed.get("chain") else decoded
+
+
+_NO_EMBED = b', {"callbacks": null, "errbacks": null, "chain": null, "chord": null}]'
+"""How a body of Celery's protocol 2 that embeds nothing ends, as kombu's JSON writes it (every lousho message)."""
+
+
+def _embeds_nothing(body: Any) -> bool:
+    """Whether the JSON body's last element is an embed of nothing: its args and kwargs are then all it holds,
+    and Celery's request has them decoded (issue #29: the tracer decoded every body a second time)."""
+    if isinstance(body, str):
+        return body.endswith(_NO_EMBED.decode())
+    try:
+        return memoryview(body)[-len(_NO_EMBED) :] == _NO_EMBED
+    except TypeError:  # not bytes-like: Celery's tracer reads it
+        return False
 
 
 _HOOKED: dict[type, bool] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -296,6 +297,23 @@ def test_celerys_tracer_runs_what_the_coroutine_tracer_does_not_do(
             setattr(task, name, value)
 
     assert (decoded is not None) == traced_as_coroutine
+
+
+@pytest.mark.parametrize("as_buffer", [False, True])
+def test_a_body_that_embeds_nothing_is_not_decoded_again(as_buffer: bool) -> None:
+    name, task_id, request, *_ = message("t.both")
+    request.update(args=["s1", 2], kwargs={})  # as Celery's request decoded them
+    nothing = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    body = json.dumps([["s1", 2], {}, nothing]).encode()  # as kombu writes a lousho message
+    linked = json.dumps([["s1", 2], {}, {**nothing, "chain": [{"task": "t.noted"}]}]).encode()
+
+    def read(raw: bytes) -> Any:
+        return coroutine_args(app, app.tasks["t.both"], (name, task_id, request, memoryview(raw) if as_buffer else raw,
+                                                         "application/json", "utf-8"))  # fmt: skip
+
+    decoded = read(body)
+    assert decoded is not None and decoded[0] is request["args"] and decoded[1] is request["kwargs"]
+    assert read(linked) is None, "a body that embeds a chain is read, and left to Celery's tracer"
 
 
 class Hooked(Task):  # type: ignore[misc]
