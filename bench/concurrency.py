@@ -4,12 +4,13 @@ way on Celery's threads pool: same broker, same Celery settings, same slots per 
 side runs the floor's tasks on lousho's pool (`pooled`), so the page tells what the pool costs from what a lousho
 step adds.
 
-    python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--model-s 1.0] [--tool-s 0.5] [--out DIR]
+    python -m bench.concurrency [--quick] [--sizes 100,1000,5000] [--rounds 3] [--model-s 1.0] [--tool-s 0.5] [--out DIR]
 
 Reports, per N and side: the wall time from the first enqueue to the last session's end, the most calls in
 flight in one process (counted by each process as its tasks start and end: `task_prerun`/`task_postrun`), and
 memory per in-flight session (the growth of each process's RSS over its idle RSS, divided by the calls it held
-at that moment, taken at the sample with the most in flight). Writes DIR/concurrency.md and DIR/concurrency.json
+at that moment, taken at the sample with the most in flight). Each side runs `--rounds` times at each size (default
+3), in turn; each figure is its median. Writes DIR/concurrency.md and DIR/concurrency.json
 (default docs/bench; `--quick`: docs/bench/quick, N = 100 only). `--model-s` and `--tool-s` set the sleeps (models
 that take 10 s are common: then the work in flight beats its leases, which 1 s turns never do; such a run writes
 concurrency-<model_s>s.md and .json).
@@ -21,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import tempfile
 import threading
 import time
@@ -230,7 +232,8 @@ def section(found: dict[str, Any]) -> list[str]:
         "same sleeps, chained the same way, on `-P threads`, same broker and settings. Most in flight: counted by "
         "each process as its tasks start and end. KB per in-flight session: a process's RSS growth over its idle "
         "RSS, divided by the calls it held then, at its busiest moment. CPU and Redis commands a session: the "
-        "workers' CPU time and Redis's processed commands (each command inside a script too) over the run, divided by the sessions.",
+        "workers' CPU time and Redis's processed commands (each command inside a script too) over the run, divided by the sessions."
+        f"{_rounds_note(found)}",
         "",
         "| sessions | lousho wall | floor wall | ratio (goal <= 1.0) | lousho most in flight / process "
         "| floor most in flight / process | lousho KB / in-flight session | floor KB / in-flight session "
@@ -249,6 +252,11 @@ def section(found: dict[str, Any]) -> list[str]:
             f"| {ours['redis_commands_per_session']:.0f} / {floor['redis_commands_per_session']:.0f} |"
         )
     return [*lines, "", *_pool_alone(found["rows"])]
+
+
+def _rounds_note(found: dict[str, Any]) -> str:
+    rounds = found.get("rounds", 1)
+    return f" Each figure: its median over {rounds} rounds of each side, run in turn." if rounds > 1 else ""
 
 
 def _pool_alone(rows: list[dict[str, Any]]) -> list[str]:
@@ -284,18 +292,33 @@ def _kb(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "n/a"
 
 
-def run(url: str, sizes: tuple[int, ...], sleeps: Sleeps = Sleeps()) -> dict[str, Any]:
-    """Both sides at each size, the floor first; the section `python -m bench` keeps as "concurrency"."""
+def run(url: str, sizes: tuple[int, ...], sleeps: Sleeps = Sleeps(), rounds: int = 1) -> dict[str, Any]:
+    """Each side at each size, `rounds` times (the sides in turn, the floor first): each figure is its median over
+    the rounds, and every round is kept (`rounds`); the section `python -m bench` keeps as "concurrency"."""
     log_dir = tempfile.mkdtemp(prefix="lousho-bench-")
     rows: list[dict[str, Any]] = []
     for sessions in sizes:
-        row: dict[str, Any] = {"sessions": sessions}
-        for side in ("floor", "pooled", "lousho"):
-            row[side] = measure(url, side, sessions, log_dir, sleeps)
-            print(f"{side:6} N={sessions}: {row[side]['wall_s']:.2f} s, most in flight "
-                  f"{row[side]['most_in_flight']}, {_kb(row[side]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
-        rows.append(row)
-    return {"processes": PROCESSES, "rows": rows, "model_s": sleeps.model_s, "tool_s": sleeps.tool_s}
+        taken: dict[str, list[dict[str, Any]]] = {side: [] for side in ("floor", "pooled", "lousho")}
+        for _round in range(rounds):
+            for side, runs in taken.items():
+                runs.append(measure(url, side, sessions, log_dir, sleeps))
+                print(f"{side:6} N={sessions}: {runs[-1]['wall_s']:.2f} s, most in flight "
+                      f"{runs[-1]['most_in_flight']}, {_kb(runs[-1]['kb_per_session'])} KB/session", flush=True)  # fmt: skip
+        rows.append({"sessions": sessions, **{side: _medians(runs) for side, runs in taken.items()}})
+    return {"processes": PROCESSES, "rows": rows, "model_s": sleeps.model_s, "tool_s": sleeps.tool_s, "rounds": rounds}
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's figures over its rounds: the median of each; sessions finished, the fewest of any round. A
+    process's busiest moment lands in the first wave of sessions or a later one, and its RSS per session with it
+    (the floor's ranged 39-67 KB between identical runs at 1,000; issue #29): one round is one draw."""
+    figures: dict[str, Any] = {"rounds": runs, "finished": min(run["finished"] for run in runs)}
+    for name in ("wall_s", "enqueue_s", "slots", "most_in_flight", "kb_per_session", "worker_cpu_ms_per_session",
+                 "redis_cpu_ms_per_session", "redis_commands_per_session"):  # fmt: skip
+        values = [run[name] for run in runs if run[name] is not None]
+        figures[name] = statistics.median(values) if values else None
+    figures["sessions"] = runs[0]["sessions"]
+    return figures
 
 
 def main() -> None:
@@ -304,6 +327,8 @@ def main() -> None:
     parser.add_argument("--sizes", default=None, help="comma-separated session counts (default 100,1000,5000)")
     parser.add_argument("--model-s", type=float, default=1.0, help="each model turn's latency (default 1.0)")
     parser.add_argument("--tool-s", type=float, default=0.5, help="the tool call's sleep (default 0.5)")
+    parser.add_argument("--rounds", type=int, default=None, help="runs of each side at each size, figures their "
+                        "median (default 3; --quick: 1)")  # fmt: skip
     parser.add_argument("--out", default=None)
     options = parser.parse_args()
     sizes = tuple(int(s) for s in (options.sizes or ("100" if options.quick else "100,1000,5000")).split(","))
@@ -311,7 +336,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     sleeps = Sleeps(model_s=options.model_s, tool_s=options.tool_s)
     with redis_target() as (url, _where):
-        section = run(url, sizes, sleeps)
+        section = run(url, sizes, sleeps, options.rounds or (1 if options.quick else 3))
     results = {"mode": "quick" if options.quick else "full", "machine": machine(), "revision": revision(), **section}
     name = "concurrency" if sleeps == Sleeps() else f"concurrency-{sleeps.model_s:g}s"
     (out / f"{name}.json").write_text(json.dumps(results, indent=2))

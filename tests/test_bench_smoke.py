@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +148,18 @@ def test_the_waiting_workload_bench_runs_every_side_and_every_session_finishes(t
     assert min(row[side]["most_in_flight"] for side in ("lousho", "floor", "pooled")) > 1  # counted, every side
     page = (tmp_path / "concurrency.md").read_text()
     assert "| 100 | " in page and "The pool alone" in page
+
+
+def test_the_waiting_workloads_figures_are_medians_over_rounds_and_every_round_must_finish_every_session() -> None:
+    from bench.concurrency import _medians
+
+    def round_(kb: float, wall_s: float, finished: int) -> dict[str, Any]:
+        return {"sessions": 100, "wall_s": wall_s, "enqueue_s": 0.1, "slots": 50, "most_in_flight": 50,
+                "kb_per_session": kb, "worker_cpu_ms_per_session": 1.0, "redis_cpu_ms_per_session": 0.5,
+                "redis_commands_per_session": 40.0, "finished": finished}  # fmt: skip
+
+    rounds = [round_(39.0, 3.0, 100), round_(64.0, 2.9, 99), round_(61.0, 3.4, 100)]
+    figures = _medians(rounds)
+    assert (figures["kb_per_session"], figures["wall_s"]) == (61.0, 3.0)
+    assert figures["finished"] == 99, "a session lost in any round is lost"
+    assert figures["rounds"] == rounds
