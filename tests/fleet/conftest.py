@@ -62,7 +62,9 @@ class Fleet:
         worker = start_worker(
             app,
             queue=self.queue,
-            name=name or f"w{len(self.workers) + 1}",
+            # Unique on the broker: the machine's Redis serves several pytest processes at once, and a control
+            # command sent to `w1@host` would reach every test's `w1` (their replies collapse into one).
+            name=name or f"w{len(self.workers) + 1}-{self.queue.removeprefix('lousho-test-')}",
             env={**self.env, **env},
             cwd=ROOT,
             log_dir=self.log_dir,
