@@ -114,6 +114,10 @@ class FleetScripts:
         self._save_end = load_script(self.client, "lousho.worker:save_end")
         self._commit_fold = load_script(self.client, "lousho.worker:commit_fold")
         self._guarded = load_script(self.client, "lousho.worker:guarded")
+        # Whether sessions' keys expire (`RedisStore(ttl_s=...)`): only then do the scripts ask a head's TTL for
+        # the fleet keys they create to follow it (issue #30: a command less a step otherwise). A fleet's workers
+        # share one store configuration.
+        self._expiring = "1" if self.store.ttl_s is not None else "0"
 
     def _seal(self, session_id: str, field: str, result_json: str) -> str | bytes:
         """A tool result as the results hash keeps it: encoded by the store's codec (issue #17), bound to
@@ -149,7 +153,7 @@ class FleetScripts:
             self.keys.epoch(session_id),
             self.keys.running_of(session_id),
         ]
-        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", entry]
+        args: list[str | int] = [field, lease.token, lease.ttl_ms, known.writer if known else "", entry, self._expiring]
         started = time.monotonic()
         with redis_errors(self.client, f"take the lease of call {field!r} of session {session_id!r}"):
             reply = self._call_begin(keys=keys, args=args)
@@ -325,7 +329,7 @@ class FleetScripts:
             *self.store.checkpoints.reader.read_keys(session_id),
             self.keys.epoch(session_id),
         ]
-        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else ""]
+        args = [lease.token, lease.ttl_ms, session_id, attempt_field, known.writer if known else "", self._expiring]
         return keys, args, known
 
     def _undo_begin(self, session_id: str, lease: Lease, attempt_field: str) -> None:

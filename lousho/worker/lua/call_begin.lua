@@ -15,13 +15,14 @@
 -- needs: read_checkpoint, lousho.worker:epoch
 -- KEYS: 1 results, 2 call lease, 3 attempts, 4 abort, 5 head, 6 msgs, 7 epoch, 8 running (zset)
 -- ARGV: 1 the call's field ('<turn>:<call id>'), 2 token (without its epoch), 3 ttl ms,
---       4 known writer id, 5 this run's entry in the running index ('<host>|<pid>|<session>|<field>')
+--       4 known writer id, 5 this run's entry in the running index ('<host>|<pid>|<session>|<field>'),
+--       6 expiring ('1' when the store gives sessions a TTL: the attempts hash follows the head's)
 -- Reply: {state, aborted 0/1, {read_checkpoint reply}, epoch, shared}; state: -1 committed already
 --        | 0 someone else holds the call's lease | n: this is the call's n-th start counted against
 --        it (the lease is ours, its token `token@epoch`); shared: its starts that died with others
 local results, call_lease, attempts, abort, head, msgs, epoch_key, running =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local field, token, ttl_ms, writer, entry = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local field, token, ttl_ms, writer, entry, expiring = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
 local aborted = redis.call('EXISTS', abort)
 local checkpoint = read_checkpoint(head, msgs, writer)
 local epoch = session_epoch(epoch_key)
@@ -62,7 +63,9 @@ if started > 1 and last then
   end
 end
 redis.call('HSET', attempts, 'by:' .. field, entry)
-local session_ttl = redis.call('PTTL', head)
-if session_ttl > 0 then redis.call('PEXPIRE', attempts, session_ttl) end -- expires with the session (issue #16)
+if expiring == '1' then -- expires with the session (issue #16); no head has a TTL otherwise (issue #30)
+  local session_ttl = redis.call('PTTL', head)
+  if session_ttl > 0 then redis.call('PEXPIRE', attempts, session_ttl) end
+end
 redis.call('ZADD', running, now, entry)
 return {started, aborted, checkpoint, epoch, shared}

@@ -43,4 +43,5 @@ if saved[1] ~= 'ok' and saved[1] ~= 'done' then
   redis.call('DEL', k.lease)
   return {saved}
 end
-return {saved, end_step(k, token, epoch, '1', {}, '0', next_message, {current = true, held = true})}
+local known = {current = true, held = true, expiring = tonumber(ARGV[7]) > 0} -- ARGV 7: the store's TTL
+return {saved, end_step(k, token, epoch, '1', {}, '0', next_message, known)}

@@ -21,4 +21,8 @@ end
 local saved = save_checkpoint()
 if saved[1] ~= 'ok' and saved[1] ~= 'done' then return {saved} end
 -- A save that passed its fence leaves the lease the token's: end_step does not read it again (issue #30).
-return {saved, end_step(k, token, epoch, clear, calls, redispatch, next_message, {held = token ~= ''})}
+-- Nor the epoch: the lease was taken in the script that read the step's epoch (open_step.lua), and
+-- making a session again deletes its lease (Client.enqueue), so a lease still ours is that epoch's.
+local fenced = token ~= ''
+local known = {held = fenced, current = fenced, expiring = tonumber(ARGV[7]) > 0} -- ARGV 7: the store's TTL
+return {saved, end_step(k, token, epoch, clear, calls, redispatch, next_message, known)}

@@ -174,9 +174,11 @@ local function save_checkpoint(lease_taken)
   local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
   local header = string.format('{"$store":{"f":1,"v":%d,"w":"%s","t":%d,"s":%s,"h":"%s"},', new_version, wid,
     now_ms, encode_segments(segs), digest)
+  local ring_length = 0
   if history_limit > 0 then
     local pushed, wrong = typed_call('list', 'LPUSH', hist, header .. string.sub(entry_body, 2))
     if not pushed then return {'corrupt', wrong} end
+    ring_length = pushed
   end
   local indexed, wrong_index = true, nil -- `indexed`: the write's reply, not needed
   if deadline_ms > 0 then
@@ -192,7 +194,8 @@ local function save_checkpoint(lease_taken)
     redis.call('RPUSH', msgs, unpack(ARGV, i, math.min(i + 999, LAST)))
   end
   redis.call('SET', cp, header .. string.sub(body, 2))
-  if history_limit > 0 then redis.call('LTRIM', hist, 0, history_limit - 1) end
+  -- The ring is trimmed only once it holds more than its limit: LPUSH said how long it is (issue #30).
+  if ring_length > history_limit then redis.call('LTRIM', hist, 0, history_limit - 1) end
   if ttl_ms > 0 then
     redis.call('PEXPIRE', cp, ttl_ms)
     redis.call('PEXPIRE', msgs, ttl_ms)

@@ -17,7 +17,8 @@
 -- next_message: the next model turn's message ('' = none, or the worker sends it).
 -- known: what the calling script established a moment before, so not read again (issue #30):
 -- known.current, the session is still `epoch`; known.held, the lease is `token`'s (a fenced save
--- that passed its fence, or a lease the script took). nil: both are read.
+-- that passed its fence, or a lease the script took); known.expiring, false when the store gives no
+-- session a TTL (the save's ttl argument is 0: no head's TTL is asked). nil: all are read.
 -- Reply: {released 0/1, send 0/1, ...}: per call, whether it is to be sent (marked for the first
 -- time here, or a redispatch of a call nobody runs); a call with a message was pushed already.
 local function end_step(k, token, epoch, clear, calls, redispatch, next_message, known)
@@ -41,7 +42,7 @@ local function end_step(k, token, epoch, clear, calls, redispatch, next_message,
   end
   if current and clear == '1' then
     redis.call('DEL', k.dispatched, k.results, k.attempts)
-  elseif #calls > 0 then
+  elseif #calls > 0 and known.expiring ~= false then
     follow_head_ttl(k.dispatched, 'dispatched') -- the marks expire with the session (issue #16)
   end
   if known.held or redis.call('GET', k.lease) == token then reply[1] = redis.call('DEL', k.lease) end
