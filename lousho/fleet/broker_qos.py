@@ -15,19 +15,22 @@ and its CPU at half a core.
 - the acks the event loop runs in one turn are removed in one pipeline at the end of that turn (`flush_acks`,
   on the loop's tick). A message leaves kombu's memory, and frees its prefetch slot, at its ack; its record in
   Redis goes a moment later. A worker killed in between leaves the record, and the message is delivered again
-  after the visibility timeout, as after an ack that failed: a lousho step finds its work recorded.
+  after the visibility timeout, as after an ack that failed: a lousho step finds its work recorded;
+- a lousho step whose end script removed its message's record already (`end_step.lua`, issue #30: the ack in the
+  round trip that commits the step) is acknowledged in memory only (`removed_with_step`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from kombu.transport import redis, virtual
 
-__all__ = ["TAKEN_AT_ONCE", "BatchedQoS"]
+__all__ = ["TAKEN_AT_ONCE", "BatchedQoS", "consumes_here", "removed_with_step"]
 
 log = logging.getLogger("lousho.worker")
 
@@ -41,11 +44,30 @@ TAKEN_AT_ONCE = 64
 a deep queue in few round trips, few enough that other workers still find work in it."""
 
 
+_consuming_pids: set[int] = set()
+"""The processes that made a `BatchedQoS`: those whose tasks are acknowledged by this process's consumer."""
+_removed: set[str] = set()
+"""Delivery tags whose records a step's end removed already, until their ack (in this process)."""
+
+
+def consumes_here() -> bool:
+    """Whether this process's consumer acknowledges the tasks it runs (solo, threads, lousho's pool; not a prefork
+    child, whose parent acks): only then can a step's end script take its message's ack over."""
+    return os.getpid() in _consuming_pids
+
+
+def removed_with_step(delivery_tag: str) -> None:
+    """A step's end script removed the record of message `delivery_tag` (end_step.lua): its ack, which Celery runs
+    as the task returns (acks_late), writes nothing more."""
+    _removed.add(delivery_tag)
+
+
 class BatchedQoS(redis.QoS):
     """kombu's Redis QoS, its records in Redis written and removed in batches (see the module's docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         _each_at_once.__init__(self, *args, **kwargs)
+        _consuming_pids.add(os.getpid())
         self._recorded = False
         """Whether the messages delivered now have their records in Redis already (`recorded_already`)."""
         self._acked: list[str] = []
@@ -68,7 +90,10 @@ class BatchedQoS(redis.QoS):
             _each_at_once.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: str) -> None:
-        if getattr(self.channel.connection, "acks_on_tick", False):  # an event loop flushes them (transport.py)
+        if delivery_tag in _removed:  # its record went with its step's end (`removed_with_step`)
+            _removed.discard(delivery_tag)
+            _in_memory.ack(self, delivery_tag)
+        elif getattr(self.channel.connection, "acks_on_tick", False):  # an event loop flushes them (transport.py)
             _in_memory.ack(self, delivery_tag)
             self._acked.append(delivery_tag)
         else:

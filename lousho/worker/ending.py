@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lousho.checkpoint import Checkpoint
+from lousho.fleet.broker_qos import removed_with_step
 from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
 from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
@@ -74,6 +75,9 @@ class StepEnd:
         """The step's checkpoint store (the run's), whose next save may carry the end."""
         self.epoch = ""
         """The session's incarnation the step works for (lua/lib/epoch.lua)."""
+        self.delivery_tag = ""
+        """The delivery tag of the message the step runs for: acknowledged by the end's script when it can be
+        (`Outbox.ack_keys`, issue #30); '' for none (a step run without a message, as in tests)."""
         self._ending: Ending | None = None
 
     @property
@@ -123,7 +127,9 @@ class StepEnd:
         next_message = ""
         if direct and self.next_turn is not None:
             next_message = outbox.encode(model_turn_task(self.session_id, self.next_turn))
-        return Ending(outbox.queue_key, self.epoch, self.turn_complete, self.redispatch, calls, next_message)
+        ack_keys = outbox.ack_keys() if self.delivery_tag else None
+        ack = (*ack_keys, self.delivery_tag) if ack_keys else None
+        return Ending(outbox.queue_key, self.epoch, self.turn_complete, self.redispatch, calls, next_message, ack)
 
     def finish(self, lease: Lease) -> None:
         """End the step (unless its last save did), then send what the script did not push."""
@@ -133,6 +139,9 @@ class StepEnd:
         else:
             ending = self.ending()
             to_send = self.runtime.scripts.end_step(self.session_id, lease, ending)
+        if ending.ack is not None:  # the script removed the message's record: Celery's ack has nothing to write
+            removed_with_step(ending.ack[2])
+            self.delivery_tag = ""  # one end acknowledges it
         app = self.runtime.app
         for (turn, call), (_, message), send_it in zip(self.calls, ending.calls, to_send, strict=True):
             if send_it and not message:

@@ -39,6 +39,7 @@ from kombu import serialization
 from kombu.exceptions import KombuError
 from kombu.utils import json as kombu_json
 
+from lousho.fleet.broker_qos import consumes_here
 from lousho.fleet.dispatch import StepTask
 from lousho.fleet.protocol import PROTOCOL_HEADER, message_headers
 from lousho.fleet.settings import FleetSettings
@@ -83,6 +84,14 @@ class Outbox:
         queue = str(self.app.conf.task_default_queue)
         # kombu names a priority queue only in this private method: the outbox must push where it reads
         return str(self._channel._q_for_pri(queue, 0)) if self.direct else queue  # noqa: SLF001
+
+    def ack_keys(self) -> tuple[str, str] | None:
+        """kombu's unacknowledged-messages hash and its index, when a step's end script can acknowledge the message
+        the step ran for (end_step.lua, issue #30): the scripts reach the broker's keys (`direct`) and this process's
+        consumer is the one that acknowledges its tasks (`consumes_here`). None otherwise: Celery acks as usual."""
+        if not (self.direct and consumes_here()):
+            return None
+        return str(self._channel.unacked_key), str(self._channel.unacked_index_key)
 
     def close(self) -> None:
         """Release the broker connection `direct` opened (a later use opens another)."""

@@ -70,6 +70,9 @@ class Ending:
     calls: Sequence[tuple[str, str]] = ()
     """Per call: its field (`result_field`) and its message."""
     next_message: str = ""
+    ack: tuple[str, str, str] | None = None
+    """kombu's unacked hash, its index and the delivery tag of the message the step ran for: acknowledged with the
+    end (end_step.lua; `Outbox.ack_keys`). None: Celery acknowledges it as the task returns."""
 
 
 class CallState(enum.Enum):
@@ -241,6 +244,7 @@ class FleetScripts:
             self.keys.abort(session_id),
             self.keys.epoch(session_id),
             self.keys.running_of(session_id),
+            *(ending.ack[:2] if ending.ack else ()),
         ]
         args: list[str | int | bytes] = [
             *(
@@ -251,6 +255,7 @@ class FleetScripts:
                 ending.next_message,
                 ending.epoch,
                 entry,
+                ending.ack[2] if ending.ack else "",
             )
         ]
         return AndThen(script=self._commit_fold, keys=keys, args=args)
@@ -296,8 +301,8 @@ class FleetScripts:
 
     def _end_parts(self, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
         """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, the epoch, a
-        call lease per call) and its args after the token (the epoch, clear, redispatch, the next
-        message, per call its field and message)."""
+        call lease per call, kombu's unacked hash and index with an ack) and its args after the token (the epoch,
+        clear, redispatch, the next message, the delivery tag or '', per call its field and message)."""
         keys = [
             self.keys.dispatched(session_id),
             self.keys.results(session_id),
@@ -305,12 +310,14 @@ class FleetScripts:
             self._queue_key(session_id, ending),
             self.keys.epoch(session_id),
             *(self.keys.call_lease(session_id, field.split(":", 1)[1]) for field, _ in ending.calls),
+            *(ending.ack[:2] if ending.ack else ()),
         ]
         args: list[str | int] = [
             ending.epoch,
             "1" if ending.turn_complete else "0",
             "1" if ending.redispatch else "0",
             ending.next_message,
+            ending.ack[2] if ending.ack else "",
             *(part for call in ending.calls for part in call),
         ]
         return keys, args

@@ -75,6 +75,7 @@ async def _guarded(
     try:
         validate_session_id(session_id)
         steps = SessionSteps(runtime, session_id)
+        steps.step_end.delivery_tag = _delivery_tag(request)
         try:
             try:
                 outcome: str = await work(steps, *args, **kwargs)
@@ -101,6 +102,13 @@ async def _guarded(
     except SDKError as exc:
         log.error("session %r: %s", str(session_id)[:200], exc)
         return f"error: {exc.code}"
+
+
+def _delivery_tag(request: Any) -> str:
+    """The delivery tag of the task's message (kombu's, in its properties), '' when it has none (called directly):
+    its step's end acknowledges it (`StepEnd.delivery_tag`, issue #30)."""
+    properties = getattr(request, "properties", None) or {}
+    return str(properties.get("delivery_tag") or "")
 
 
 def _register(app: Any, runtime: FleetRuntime, name: str, work: StepWork) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -201,3 +203,54 @@ def test_the_outbox_reads_a_message_back_once_per_task_and_set_of_receivers(
     finally:
         signals.before_task_publish.disconnect(traced)
     assert len(read_back) == 3 and json.loads(traced_turn)["headers"]["traceparent"] == "00-trace"
+
+
+def removals_of_records(fleet: Fleet, run: Callable[[], None]) -> dict[str, str]:
+    """While `run()` runs: per delivery tag of a message of the fleet's queue, who removed its record from kombu's
+    `unacked` hash ('lua': a script; else the client's address), from Redis's MONITOR."""
+    recorded: set[str] = set()
+    removed: dict[str, str] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        with redis.Redis(connection_pool=fleet.redis.connection_pool).monitor() as monitor:  # type: ignore[no-untyped-call]
+            while not stop.is_set():
+                line = monitor.next_command()
+                words = line["command"].split(" ", 3)
+                if words[:2] == ["HSET", "unacked"] and fleet.queue in words[3]:
+                    recorded.add(words[2])
+                elif words[:2] == ["HDEL", "unacked"]:
+                    removed.setdefault(words[2], line["client_type"] or line["client_address"])
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    time.sleep(0.2)  # MONITOR is on
+    try:
+        run()
+    finally:
+        time.sleep(0.5)  # the last ack's pipeline, if any
+        stop.set()
+        fleet.redis.ping()  # a command for the monitor to see: its loop ends
+        watcher.join(timeout=10)
+    return {tag: removed.get(tag, "") for tag in recorded}
+
+
+@pytest.mark.parametrize(
+    ("pool", "remover"), [("solo", "lua"), ("threads", "lua"), ("lousho", "lua"), ("prefork", "a client")]
+)
+def test_each_steps_message_is_acknowledged_by_the_script_that_ends_the_step(
+    fleet: Fleet, pool: str, remover: str
+) -> None:
+    """Issue #30: the script that commits a step's end also removes its message's record, as kombu's ack would: no
+    ack round trip after it. A prefork child's messages are acknowledged by its parent, as before."""
+    two_turn_job(fleet, "acked")
+    fleet.start_worker(pool=pool, concurrency=1)
+
+    def run() -> None:
+        fleet.client.enqueue("jobs", "go", session_id="acked")
+        fleet.wait_for(["acked"], timeout_s=30)
+
+    removals = removals_of_records(fleet, run)
+    assert len(removals) == 5  # the three model turns and the two tool calls, each its own message
+    assert {"lua" if who == "lua" else "a client" for who in removals.values()} == {remover}, removals
+    assert fleet.redis.hmget("unacked", list(removals)) == [None] * 5  # and nothing is delivered again

@@ -8,11 +8,13 @@
 --
 -- needs: save_checkpoint, lousho.worker:end_step
 -- KEYS: save_checkpoint's 1-5 (5: the session's lease), then 6 dispatched, 7 results, 8 attempts,
---       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort, 13 epoch, 14 running
+--       9 the broker's queue, 10 the call's lease, 11 parked, 12 abort, 13 epoch, 14 running, then with a
+--       delivery tag 15 kombu's unacked hash and 16 its index
 -- ARGV: save_checkpoint's (9: the session id; 10: the token to take the session's lease with; 11
 --       counts its messages), then: the call's field, its result JSON, the call lease's token, ttl ms,
 --       the next model turn's message ('' = the worker sends it), the call's epoch, the run's entry
---       in the running index (call_begin.lua: the run leaves it in any case)
+--       in the running index (call_begin.lua: the run leaves it in any case), the delivery tag of the
+--       message to acknowledge with the step's end ('' = none: end_step.lua)
 -- Reply: {{'skipped', why}} | {save reply} (refused: the session's lease is not kept) |
 --        {save reply, end_step's reply}
 local k = {lease = KEYS[5], dispatched = KEYS[6], results = KEYS[7], attempts = KEYS[8], queue = KEYS[9],
@@ -21,7 +23,7 @@ local call_lease, parked, abort, running = KEYS[10], KEYS[11], KEYS[12], KEYS[14
 local session, token = ARGV[9], ARGV[10]
 local own = 13 + tonumber(ARGV[11]) -- the first argument after save_checkpoint's (its 12: the history entry)
 local field, result, call_token, ttl_ms = ARGV[own], ARGV[own + 1], ARGV[own + 2], ARGV[own + 3]
-local next_message, epoch, entry = ARGV[own + 4], ARGV[own + 5], ARGV[own + 6]
+local next_message, epoch, entry, tag = ARGV[own + 4], ARGV[own + 5], ARGV[own + 6], ARGV[own + 7]
 redis.call('ZREM', running, entry)
 if not same_epoch(k.epoch, epoch) then
   if redis.call('GET', call_lease) == call_token then redis.call('DEL', call_lease) end
@@ -44,4 +46,5 @@ if saved[1] ~= 'ok' and saved[1] ~= 'done' then
   return {saved}
 end
 local known = {current = true, held = true, expiring = tonumber(ARGV[7]) > 0} -- ARGV 7: the store's TTL
-return {saved, end_step(k, token, epoch, '1', {}, '0', next_message, known)}
+local ack = tag ~= '' and {KEYS[15], KEYS[16], tag} or nil
+return {saved, end_step(k, token, epoch, '1', {}, '0', next_message, known, ack)}

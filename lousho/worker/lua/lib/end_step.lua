@@ -1,5 +1,5 @@
 -- protocol: 1 (lousho.formats.SCRIPT_PROTOCOL: the rules this script keeps with the others; issue #35)
--- end_step(k, token, epoch, clear, calls, redispatch, next_message): a step's last writes. Mark the
+-- end_step(k, token, epoch, clear, calls, redispatch, next_message, known, ack): a step's last writes. Mark the
 -- tool calls about to be sent (their fields in the dispatched hash), drop a completed turn's fleet
 -- state, release the session's lease (only if still ours: never another holder's), and push the
 -- step's next tasks onto the broker's queue (the outbox: lousho/worker/outbox.py). A library:
@@ -19,9 +19,12 @@
 -- known.current, the session is still `epoch`; known.held, the lease is `token`'s (a fenced save
 -- that passed its fence, or a lease the script took); known.expiring, false when the store gives no
 -- session a TTL (the save's ttl argument is 0: no head's TTL is asked). nil: all are read.
+-- ack: {kombu's unacked hash, its index, a delivery tag}: the message the step ran for is acknowledged with
+-- its end, its record in the broker removed as kombu's ack removes it (lousho/fleet/broker_qos.py); the worker's
+-- own ack then has nothing left to write: a round trip a hop less (issue #30). nil: the worker acks as usual.
 -- Reply: {released 0/1, send 0/1, ...}: per call, whether it is to be sent (marked for the first
 -- time here, or a redispatch of a call nobody runs); a call with a message was pushed already.
-local function end_step(k, token, epoch, clear, calls, redispatch, next_message, known)
+local function end_step(k, token, epoch, clear, calls, redispatch, next_message, known, ack)
   known = known or {}
   local reply = {0}
   local current = known.current or same_epoch(k.epoch, epoch)
@@ -47,5 +50,9 @@ local function end_step(k, token, epoch, clear, calls, redispatch, next_message,
   end
   if known.held or redis.call('GET', k.lease) == token then reply[1] = redis.call('DEL', k.lease) end
   if current and next_message ~= '' then redis.call('LPUSH', k.queue, next_message) end
+  if ack then
+    redis.call('HDEL', ack[1], ack[3])
+    redis.call('ZREM', ack[2], ack[3])
+  end
   return reply
 end
