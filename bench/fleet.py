@@ -202,21 +202,35 @@ def latency(ours: Fleet, floor: Fleet, sent: Fleet, turns: int, repeats: int) ->
 
 
 def commands_per_hop(fleet: Fleet, turns: int) -> dict[str, Any]:
-    """Redis commands per task hop in one more (untimed) session: INFO commandstats before and after.
-    On a shared REDIS_URL server this counts other clients' commands too."""
+    """Redis commands per task hop in one more (untimed) session: INFO commandstats before and after; and round
+    trips per hop: the server's read events (INFO stats `total_reads_processed`: a command, a pipeline or a script
+    sent at once is read in one, as a client waits for its reply before it sends more). On a shared REDIS_URL server
+    this counts other clients' commands too."""
 
     def calls() -> dict[str, int]:
         found = fleet.client.info("commandstats")
-        return {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in found.items()}  # type: ignore[index]
+        counted = {name.removeprefix("cmdstat_"): int(value["calls"]) for name, value in found.items()}  # type: ignore[index]
+        return {**counted, READS: int(fleet.client.info("stats")["total_reads_processed"])}
 
     before = calls()
     fleet.start(f"cmd-{uuid.uuid4().hex[:10]}", turns)
     fleet.wait_done(1, timeout_s=120)
     after = calls()
     hops = 2 * turns + 1
+    round_trips = (
+        after.pop(READS) - before.pop(READS) - 2
+    ) / hops  # less this function's own INFO stats and commandstats
     delta = {name: (after[name] - before.get(name, 0)) / hops for name in after if after[name] > before.get(name, 0)}
     top = dict(sorted(delta.items(), key=lambda item: -item[1])[:8])
-    return {"total": sum(delta.values()), "top": {name: round(value, 2) for name, value in top.items()}}
+    return {
+        "total": sum(delta.values()),
+        "top": {name: round(value, 2) for name, value in top.items()},
+        "round_trips": round_trips,
+    }
+
+
+READS = "~reads"
+"""`commands_per_hop`'s key for the server's read events (no command is named so)."""
 
 
 # -- 3. throughput -----------------------------------------------------------------------------

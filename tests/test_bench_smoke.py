@@ -31,6 +31,8 @@ ROWS = [
     "| floor: bare Celery hop |",
     "| lousho | ",
     "| lousho, outbox off (each step through `send_task`) |",
+    "| Redis commands per hop (inside scripts too) <= 2x the floor's |",
+    "| Redis round trips per hop <= the floor's |",  # counted by the server (issue #30)
 ]
 
 
@@ -54,6 +56,8 @@ def test_quick_bench_writes_its_table_with_every_row(tmp_path: Path) -> None:
         assert f"{section}" in table and "Not run in this invocation" in table.split(section, 1)[1].split("##", 1)[0]
     results = json.loads((out / "results.json").read_text(encoding="utf-8"))
     assert set(results) == {"overhead", "latency", "meta"} and results["meta"]["versions"]["lousho"]
+    counted = results["latency"]["redis_commands_per_hop"]
+    assert all(counted[kind]["round_trips"] > 1 for kind in ("lousho", "floor")), counted  # a hop is a read or more
     assert "## Benchmarks" in (out / "summary.md").read_text(encoding="utf-8")
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "overhead.png").stat().st_size > 0 and (out / "fleet_latency.png").stat().st_size > 0
