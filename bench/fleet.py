@@ -217,9 +217,8 @@ def commands_per_hop(fleet: Fleet, turns: int) -> dict[str, Any]:
     fleet.wait_done(1, timeout_s=120)
     after = calls()
     hops = 2 * turns + 1
-    round_trips = (
-        after.pop(READS) - before.pop(READS) - 2
-    ) / hops  # less this function's own INFO stats and commandstats
+    # less this function's own two reads (INFO stats after INFO commandstats)
+    round_trips = (after.pop(READS) - before.pop(READS) - 2) / hops
     delta = {name: (after[name] - before.get(name, 0)) / hops for name in after if after[name] > before.get(name, 0)}
     top = dict(sorted(delta.items(), key=lambda item: -item[1])[:8])
     return {
