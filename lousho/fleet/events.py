@@ -207,7 +207,8 @@ class EventWriter:
             last["text"] += text  # coalesced with the delta not written yet
         else:
             self.add("text-delta", turn=self.turn, attempt=self.attempt, text=text)
-        self._flush_soon()
+        if self._timer is None:  # a timer set writes these deltas in time: nothing to look at per delta (issue #30)
+            self._flush_soon()
 
     async def sink(self, event: Event) -> None:
         """The run's `on_event` on the fleet: the engine's events, told to the stream and to the app's hook."""
@@ -223,7 +224,9 @@ class EventWriter:
         elif isinstance(event, ProviderRetryEvent) and self.turn is not None and self.attempt is not None:
             self.turn_started(self.turn, self.attempt, retry=event.attempt + 1)  # the provider is asked anew
         if self.hook is not None:
-            await maybe_await(self.hook(event))
+            told = self.hook(event)
+            if told is not None:  # an async hook's coroutine (a sync hook returns None: no await per delta)
+                await maybe_await(told)
 
     # -- writing ----------------------------------------------------------------------
 
