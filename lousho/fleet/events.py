@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import json
 import logging
 import time
@@ -31,7 +32,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lousho.checkpoint import maybe_await
 from lousho.events import (
     ApprovalRequestedEvent,
     CheckpointSavedEvent,
@@ -225,8 +225,8 @@ class EventWriter:
             self.turn_started(self.turn, self.attempt, retry=event.attempt + 1)  # the provider is asked anew
         if self.hook is not None:
             told = self.hook(event)
-            if told is not None:  # an async hook's coroutine (a sync hook returns None: no await per delta)
-                await maybe_await(told)
+            if told is not None and inspect.isawaitable(told):  # an async hook's (a sync one's None: no await)
+                await told
 
     # -- writing ----------------------------------------------------------------------
 
