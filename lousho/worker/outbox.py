@@ -87,9 +87,12 @@ class Outbox:
 
     def ack_keys(self) -> tuple[str, str] | None:
         """kombu's unacknowledged-messages hash and its index, when a step's end script can acknowledge the message
-        the step ran for (end_step.lua, issue #30): the scripts reach the broker's keys (`direct`) and this process's
-        consumer is the one that acknowledges its tasks (`consumes_here`). None otherwise: Celery acks as usual."""
-        if not (self.direct and consumes_here()):
+        the step ran for (end_step.lua, issue #30): the scripts reach the broker's keys (`direct`), the worker reads
+        its messages from that broker (no `broker_read_url` of another) and this process's consumer is the one that
+        acknowledges its tasks (`consumes_here`). None otherwise: Celery acks as usual."""
+        conf = self.app.conf
+        reads_where_it_writes = (conf.broker_read_url or conf.broker_url) == (conf.broker_write_url or conf.broker_url)
+        if not (reads_where_it_writes and self.direct and consumes_here()):
             return None
         return str(self._channel.unacked_key), str(self._channel.unacked_index_key)
 

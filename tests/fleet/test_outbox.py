@@ -254,3 +254,23 @@ def test_each_steps_message_is_acknowledged_by_the_script_that_ends_the_step(
     assert len(removals) == 5  # the three model turns and the two tool calls, each its own message
     assert {"lua" if who == "lua" else "a client" for who in removals.values()} == {remover}, removals
     assert fleet.redis.hmget("unacked", list(removals)) == [None] * 5  # and nothing is delivered again
+
+
+@pytest.mark.parametrize("read_elsewhere", [False, True])
+def test_a_step_acknowledges_its_message_only_where_the_worker_reads_it(
+    redis_url: str, redis_client: redis.Redis, redis_prefix: str, queue: str, read_elsewhere: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A worker that reads its messages from another broker (`broker_read_url`) keeps kombu's records there: the
+    step's end script, which writes where the outbox pushes, leaves the ack to Celery."""
+    monkeypatch.setattr(outbox_module, "consumes_here", lambda: True)  # as in a worker process (solo, threads, lousho)
+    settings = FleetSettings(queue=queue)
+    app = celery_app(broker_url(redis_url), settings)
+    if read_elsewhere:
+        app.conf.broker_read_url = other_db(broker_url(redis_url))
+    outbox = Outbox(app, RedisStore(redis_client, prefix=redis_prefix), settings)
+    try:
+        assert outbox.direct
+        assert outbox.ack_keys() == (None if read_elsewhere else ("unacked", "unacked_index"))
+    finally:
+        outbox.close()
