@@ -207,30 +207,37 @@ def test_the_outbox_reads_a_message_back_once_per_task_and_set_of_receivers(
 
 def removals_of_records(fleet: Fleet, run: Callable[[], None]) -> dict[str, str]:
     """While `run()` runs: per delivery tag of a message of the fleet's queue, who removed its record from kombu's
-    `unacked` hash ('lua': a script; else the client's address), from Redis's MONITOR."""
+    `unacked` hash ('lua': a script; else the client's address), from Redis's MONITOR. Markers (ECHO) tell when
+    MONITOR is on and when it has seen everything before the end: no sleep to guess either on a loaded machine."""
     recorded: set[str] = set()
     removed: dict[str, str] = {}
-    stop = threading.Event()
+    on = threading.Event()
+    begin, end = (f"lousho-test-monitor-{uuid.uuid4().hex}-{part}" for part in ("begin", "end"))
 
     def watch() -> None:
         with redis.Redis(connection_pool=fleet.redis.connection_pool).monitor() as monitor:  # type: ignore[no-untyped-call]
-            while not stop.is_set():
-                line = monitor.next_command()
+            while (line := monitor.next_command())["command"] != f"ECHO {end}":
                 words = line["command"].split(" ", 3)
-                if words[:2] == ["HSET", "unacked"] and fleet.queue in words[3]:
+                if line["command"] == f"ECHO {begin}":
+                    on.set()
+                elif words[:2] == ["HSET", "unacked"] and fleet.queue in words[3]:
                     recorded.add(words[2])
                 elif words[:2] == ["HDEL", "unacked"]:
                     removed.setdefault(words[2], line["client_type"] or line["client_address"])
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    time.sleep(0.2)  # MONITOR is on
+    while not on.is_set():
+        assert watcher.is_alive()
+        fleet.redis.echo(begin)
+        on.wait(0.1)
     try:
         run()
+        deadline = time.monotonic() + 30  # Celery's own ack (prefork's parent) comes just after the step
+        while any(tag not in removed for tag in list(recorded)) and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
-        time.sleep(0.5)  # the last ack's pipeline, if any
-        stop.set()
-        fleet.redis.ping()  # a command for the monitor to see: its loop ends
+        fleet.redis.echo(end)
         watcher.join(timeout=10)
     return {tag: removed.get(tag, "") for tag in recorded}
 
