@@ -191,6 +191,11 @@ class PayloadCodec:
     def encrypts(self) -> bool:
         return self._write_key is not None
 
+    @property
+    def reads_plain(self) -> bool:
+        """Whether a plain (unsealed) value reads as it is: no keys, or a migration setting that allows it."""
+        return not self._strict
+
     def __repr__(self) -> str:  # never the keys themselves
         return f"PayloadCodec(compress={self.compress}, key_ids={list(self.keys)})"
 
