@@ -99,6 +99,10 @@ class BatchedQoS(redis.QoS):
         else:
             _each_at_once.ack(self, delivery_tag)
 
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        _removed.discard(delivery_tag)  # kombu's reject frees the slot without `ack`: nothing left to remember
+        _each_at_once.reject(self, delivery_tag, requeue=requeue)
+
     def restore_unacked(self, client: Any | None = None) -> None:
         """At shutdown: what was acknowledged leaves Redis, the rest goes back on its queue (kombu's)."""
         self.flush_acks()

@@ -68,6 +68,8 @@ class Outbox:
         self._channel: Any = None
         self._pid = 0
         self._direct: bool | None = None
+        self._reads_where_it_writes = False
+        """Whether the worker's consumer reads the broker the outbox writes to (decided with `direct`)."""
         self._formats_read_back: set[tuple[str, tuple[Any, ...]]] = set()
         """(task name, `before_task_publish` receivers) whose message read back right in this process."""
 
@@ -90,9 +92,7 @@ class Outbox:
         the step ran for (end_step.lua, issue #30): the scripts reach the broker's keys (`direct`), the worker reads
         its messages from that broker (no `broker_read_url` of another) and this process's consumer is the one that
         acknowledges its tasks (`consumes_here`). None otherwise: Celery acks as usual."""
-        conf = self.app.conf
-        reads_where_it_writes = (conf.broker_read_url or conf.broker_url) == (conf.broker_write_url or conf.broker_url)
-        if not (reads_where_it_writes and self.direct and consumes_here()):
+        if not (self.direct and self._reads_where_it_writes and consumes_here()):
             return None
         return str(self._channel.unacked_key), str(self._channel.unacked_index_key)
 
@@ -170,6 +170,9 @@ class Outbox:
         self._pid = os.getpid()
         self._formats_read_back = set()
         conf = self.app.conf
+        self._reads_where_it_writes = (conf.broker_read_url or conf.broker_url) == (
+            conf.broker_write_url or conf.broker_url
+        )
         if not self.settings.outbox or conf.task_protocol != 2 or conf.task_compression:
             return False
         if self.store.keys.per_slot:  # a Redis Cluster store: the broker is never that server (issue #18)

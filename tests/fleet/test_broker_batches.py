@@ -20,7 +20,8 @@ from kombu import Consumer, Exchange, Producer, Queue
 from kombu.utils import json as kombu_json
 
 from lousho import Message
-from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS
+from lousho.fleet import broker_qos
+from lousho.fleet.broker_qos import TAKEN_AT_ONCE, BatchedQoS, removed_with_step
 from lousho.fleet.transport import Connection, decode_entry, rejected_key
 from lousho.testing.redis_server import RedisServer
 from lousho.worker import broker_url
@@ -341,3 +342,21 @@ def test_acks_that_cannot_leave_redis_are_logged_and_the_worker_goes_on(caplog: 
 
         assert "could not remove 1 acknowledged messages from Redis" in caplog.text
         assert taker.qos.can_consume(), "the ack freed its prefetch slot all the same"
+
+
+def test_a_message_whose_step_removed_its_record_is_acknowledged_in_memory_only(
+    connection: Connection, queue: str, redis_client: redis.Redis
+) -> None:
+    """Issue #30: the script that ends a step removed the record (`removed_with_step`); Celery's ack then frees the
+    slot and writes nothing. Here the record is still there, so an ack that wrote would show."""
+    publish(connection, queue, ["a", "b"])
+    taker = Taker(connection, queue, prefetch=2)
+    a, b = taker.read()
+    removed_with_step(a.delivery_tag)
+    removed_with_step(b.delivery_tag)
+
+    a.ack()
+    b.reject(requeue=False)  # kombu's reject frees the slot without `ack`: the tag is forgotten all the same
+
+    assert recorded(redis_client, [a]) == [True], "the ack wrote nothing"
+    assert taker.qos.can_consume() and not broker_qos._removed  # both slots free, no tag kept
