@@ -1,4 +1,4 @@
-"""How a fleet step ends: in one Redis script, its last writes and its next tasks.
+"""End: how a fleet step ends, in one Redis script: its last writes and its next tasks (issue #30).
 
 A step collects what its end must do (the tool calls to mark and send, a completed turn's state
 to drop, the next model turn to ask for) and does it in end_step.lua, with the session's lease
@@ -22,11 +22,85 @@ from lousho.fleet.dispatch import model_turn_task, send, tool_call_task
 from lousho.fleet.keys import result_field
 from lousho.messages import ToolCall
 from lousho.stores.redis_checkpoints import AndThen
+from lousho.stores.redis_common import redis_errors
 from lousho.worker.leases import Lease
 from lousho.worker.runtime import FleetRuntime
-from lousho.worker.scripts import Ending, sends
+from lousho.worker.scripts import FleetScripts
 
-__all__ = ["FencedCheckpoints", "StepEnd"]
+__all__ = ["Ending", "FencedCheckpoints", "StepEnd", "end_step", "queue_key", "save_and_end", "sends"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """A step's end as end_step.lua takes it: the turn's state to drop, the calls to mark and send,
+    the next model turn's message. A message is '' when the worker sends that task itself."""
+
+    queue_key: str
+    """The broker's queue list the messages go to (`Outbox.encode`)."""
+    epoch: str
+    """The incarnation the step worked for: if the session is another one now, the end only releases."""
+    turn_complete: bool = False
+    redispatch: bool = False
+    calls: Sequence[tuple[str, str]] = ()
+    """Per call: its field (`result_field`) and its message."""
+    next_message: str = ""
+    ack: tuple[str, str, str] | None = None
+    """kombu's unacked hash, its index and the delivery tag of the message the step ran for: acknowledged with the
+    end (end_step.lua; `Outbox.ack_keys`). None: Celery acknowledges it as the task returns."""
+
+
+def end_step(scripts: FleetScripts, session_id: str, lease: Lease, ending: Ending) -> list[bool]:
+    """Mark the calls, drop a completed turn's state, release the lease, push the messages
+    (close_step.lua); per call, whether it is to be sent."""
+    keys, args = _end_parts(scripts, session_id, ending)
+    with redis_errors(scripts.client, f"release the lease of session {session_id!r}"):
+        reply = scripts.close_step(keys=[lease.key, *keys], args=[lease.token, *args])
+    lease.held = False
+    return sends(reply)
+
+
+def save_and_end(scripts: FleetScripts, session_id: str, ending: Ending) -> AndThen:
+    """`end_step` in the round trip of the step's last save (`RedisCheckpointStore.save(and_then=...)`,
+    save_end.lua); its reply goes through `sends`."""
+    keys, args = _end_parts(scripts, session_id, ending)
+    return AndThen(script=scripts.save_end, keys=keys, args=args)
+
+
+def sends(reply: list[Any]) -> list[bool]:
+    """end_step.lua's reply: per call, whether it is to be sent (pushed already if it had a message)."""
+    return [bool(flag) for flag in reply[1:]]
+
+
+def queue_key(scripts: FleetScripts, session_id: str, ending: Ending) -> str:
+    """The broker's queue for the outbox's pushes; on a Redis Cluster store (issue #18) the outbox is off
+    (the broker is another server: no message to push, nor a mark holding one), and a key of the session's
+    own slot stands in, never read or written, so the script still touches one slot."""
+    store = scripts.store
+    return store.keys.session_key(session_id, "outbox") if store.keys.per_slot else ending.queue_key
+
+
+def _end_parts(scripts: FleetScripts, session_id: str, ending: Ending) -> tuple[list[str], list[str | int]]:
+    """end_step.lua's keys after the lease (dispatched, results, attempts, the queue, the epoch, a
+    call lease per call, kombu's unacked hash and index with an ack) and its args after the token (the epoch,
+    clear, redispatch, the next message, the delivery tag or '', per call its field and message)."""
+    keys = [
+        scripts.keys.dispatched(session_id),
+        scripts.keys.results(session_id),
+        scripts.keys.attempts(session_id),
+        queue_key(scripts, session_id, ending),
+        scripts.keys.epoch(session_id),
+        *(scripts.keys.call_lease(session_id, field.split(":", 1)[1]) for field, _ in ending.calls),
+        *(ending.ack[:2] if ending.ack else ()),
+    ]
+    args: list[str | int] = [
+        ending.epoch,
+        "1" if ending.turn_complete else "0",
+        "1" if ending.redispatch else "0",
+        ending.next_message,
+        ending.ack[2] if ending.ack else "",
+        *(part for call in ending.calls for part in call),
+    ]
+    return keys, args
 
 
 @dataclass
@@ -38,7 +112,7 @@ class FencedCheckpoints:
     and_then: AndThen | None = None
     """Set for the step's last save: the step's end runs in that save's round trip."""
     ended: list[Any] | None = None
-    """What the end in a save replied (`scripts.sends`); None while no save ended the step."""
+    """What the end in a save replied (`sends`); None while no save ended the step."""
     before: Callable[[], Awaitable[Callable[[Any], int] | None]] | None = None
     """What each save carries ahead of it (`EventWriter.ride_with_save`: the step's pending events)."""
 
@@ -97,7 +171,7 @@ class StepEnd:
         """Make the step's next save its last: the end runs in that save's round trip. Only for a
         save after which the step writes nothing else."""
         assert self.fenced is not None
-        self.fenced.and_then = self.runtime.scripts.save_and_end(self.session_id, self.prepare())
+        self.fenced.and_then = save_and_end(self.runtime.scripts, self.session_id, self.prepare())
 
     def prepare(self) -> Ending:
         """The end, for a script that runs it with the step's last save."""
@@ -138,7 +212,7 @@ class StepEnd:
             ending, to_send = self._ending, sends(self.fenced.ended)
         else:
             ending = self.ending()
-            to_send = self.runtime.scripts.end_step(self.session_id, lease, ending)
+            to_send = end_step(self.runtime.scripts, self.session_id, lease, ending)
         if ending.ack is not None:  # the script removed the message's record: Celery's ack has nothing to write
             removed_with_step(ending.ack[2])
             self.delivery_tag = ""  # one end acknowledges it

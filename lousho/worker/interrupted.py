@@ -21,7 +21,7 @@ from lousho.messages import ToolCall
 from lousho.run import Run
 from lousho.stores.redis_common import redis_errors
 from lousho.tools import interrupted_result
-from lousho.worker.scripts import CallBegun
+from lousho.worker.begin import CallBegun
 
 if TYPE_CHECKING:
     from lousho.worker.steps import SessionSteps

@@ -3,14 +3,14 @@
 `advance()` is what the `lousho.model_turn` and `lousho.advance` tasks do: take the
 session's lease, read the checkpoint, and do what the step machine says is next (a
 model turn; dispatching tool calls as their own tasks; pausing on an approval;
-finishing). `fold()` records the tool results committed so far (in the session's
-results hash) into the checkpoint, in call order, one save each.
+finishing). Each of a hop's round trips to Redis is one script, called from the module of its
+transition (issue #30; docs/fleet.md, 'The path of a hop', walks them in order):
 
-A step talks to Redis in as few round trips as it can (issue #9): `begin_step` takes the
-lease and reads everything the step needs in one script; the step's end (`ending.py`: mark
-the tool calls to send, drop a completed turn's state, release the lease, push the next
-tasks) is one more script, usually run inside the step's last save. A tool call whose
-result completes its turn commits, folds and ends in one script (`fold_last_result`).
+- `begin.py`: the session's lease taken and everything the step needs read;
+- `commit.py`: a tool call's result committed once (`tool_task.py` runs the call);
+- `fold.py`: committed results recorded into the checkpoint, one save each;
+- `ending.py`: the calls marked and sent, a completed turn's state dropped, the lease released and
+  the next tasks pushed, usually inside the step's last save.
 
 Every save goes through `FencedCheckpoints`, so a worker whose lease was taken
 over cannot overwrite newer progress (DESIGN.md: 'The fleet').
@@ -18,10 +18,7 @@ over cannot overwrite newer progress (DESIGN.md: 'The fleet').
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -38,26 +35,25 @@ from lousho.engine import (
     finish,
     next_step,
     plan_tool_call,
-    record_tool_result,
 )
-from lousho.errors import CheckpointConflictError, PropagatingToolError, ProviderError, SessionSupersededError
+from lousho.errors import PropagatingToolError, ProviderError, SessionSupersededError
 from lousho.fleet.dispatch import send_advance, tool_turn, turn_number
 from lousho.fleet.events import EventWriter
 from lousho.fleet.keys import result_field
 from lousho.inputs import materialize_accepted
-from lousho.messages import Message, ToolCall
+from lousho.messages import ToolCall
 from lousho.run import Run
-from lousho.stores.redis_checkpoints import SaveSkipped
 from lousho.stores.redis_common import redis_errors
-from lousho.worker.approving import apply_decided_approval, fold_decided_approval, pause_on_call
+from lousho.worker.approving import apply_decided_approval, pause_on_call
+from lousho.worker.begin import Begun, begin_step, begin_when_free
+from lousho.worker.commit import commit_result, committed_results, turn_results
 from lousho.worker.ending import FencedCheckpoints, StepEnd
+from lousho.worker.fold import fold
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import commit_abort_results, is_marked_interrupted
 from lousho.worker.leases import Lease
 from lousho.worker.limits import fleet_provider, note_session, settle_slot, take_slot, wait_for_slot
-from lousho.worker.running import RunningCall
 from lousho.worker.runtime import FleetRuntime
-from lousho.worker.scripts import Begun, turn_results
 from lousho.worker.sub_agents import ChildProgress, abort_children, sub_agent_call, sub_agent_of, tell_parent
 
 __all__ = ["FencedCheckpoints", "SessionSteps"]
@@ -121,12 +117,12 @@ class SessionSteps:
 
     def results(self, checkpoint: Checkpoint) -> dict[str, Any]:
         """The committed results of the checkpoint's newest turn, by call id, as they are now."""
-        return turn_results(self.scripts.results(self.session_id), tool_turn(checkpoint))
+        return turn_results(committed_results(self.scripts, self.session_id), tool_turn(checkpoint))
 
     def commit_result(self, checkpoint: Checkpoint, call_id: str, result: Any) -> bool:
         """Commit a call's one result: the first writer wins, later ones are dropped."""
         field = result_field(tool_turn(checkpoint), call_id)
-        return self.scripts.commit_result(self.session_id, self.epoch or "", field, json.dumps(result, default=str))
+        return commit_result(self.scripts, self.session_id, self.epoch or "", field, result)
 
     def count_attempt(self, what: str, by: int = 1) -> int:
         counted = self.scripts.count(self.session_id, self.epoch or "", what, by)
@@ -173,9 +169,9 @@ class SessionSteps:
             self.events.add("requeued")
         lease = self.session_lease()
         attempt = f"turn:{expected_turn}" if expected_turn is not None else ""
-        begun = self.scripts.begin_step(self.session_id, lease, attempt)
+        begun = begin_step(self.scripts, self.session_id, lease, attempt)
         if begun is None and abort:
-            begun = await self.begin_when_free(lease)
+            begun = await begin_when_free(self.scripts, self.session_id, lease, self.runtime.settings.lock_wait_s)
             if begun is None:
                 send_advance(self.runtime.app, self.session_id, "abort")
                 return "abort-deferred"
@@ -196,16 +192,6 @@ class SessionSteps:
         settle_slot(self, outcome)
         tell_parent(self, outcome)
         return outcome
-
-    async def begin_when_free(self, lease: Lease) -> Begun | None:
-        """Take the session's lease for a step, waiting up to `lock_wait_s` while another step holds it;
-        None when it stays busy (the caller sends its task again)."""
-        deadline = time.monotonic() + self.runtime.settings.lock_wait_s
-        while (begun := self.scripts.begin_step(self.session_id, lease)) is None:
-            if time.monotonic() > deadline:
-                return None
-            await asyncio.sleep(0.02)
-        return begun
 
     async def _advance_locked(self, lease: Lease, begun: Begun, expected_turn: int | None) -> str:
         self.epoch = self.step_end.epoch = begun.epoch
@@ -309,63 +295,6 @@ class SessionSteps:
             window.append(call)
         return window
 
-    async def fold_last_result(
-        self, checkpoint: Checkpoint, call: ToolCall, running: RunningCall, result: Message, call_lease: Lease
-    ) -> str | None:
-        """`call` is the only call its turn waits for, and it has run: commit its result, take the
-        session's lease, save the fold and end the step, in one round trip (commit_fold.lua). None
-        when the script found something that needs a look: the result is committed, and the usual
-        fold (`fold_when_free`) follows."""
-        lease = self.session_lease()
-        run = await self.make_run(checkpoint, lease)
-        folded = record_tool_result(checkpoint, call, None, message=result)  # `result`: its JSON is what commits
-        self.step_end.complete_turn(turn_number(folded))
-        ending = self.step_end.prepare()
-        assert self.step_end.fenced is not None
-        self.step_end.fenced.and_then = self.scripts.commit_fold(
-            self.session_id, running.field, result.content or "null", call_lease, lease, ending, running.entry
-        )
-        try:
-            await run.save(folded)
-        except (SaveSkipped, CheckpointConflictError):
-            self.step_end.forget()
-            return None
-        finally:
-            call_lease.held = False
-            if self.step_end.done:
-                self.step_end.finish(lease)
-        return "turn-enqueued"
-
-    async def fold_after_call(self, lease: Lease, begun: Begun) -> str:
-        """A tool call's task, holding the session's lease (`commit_call`): fold what is committed and
-        send what is next. A late copy of a call whose turn is complete does nothing."""
-        try:
-            outcome = await self._fold_after_call(lease, begun)
-        except BaseException:
-            self.step_end.forget()
-            raise
-        finally:
-            self.step_end.finish(lease)
-        settle_slot(self, outcome)
-        tell_parent(self, outcome)
-        return outcome
-
-    async def _fold_after_call(self, lease: Lease, begun: Begun) -> str:
-        checkpoint = begun.checkpoint
-        if checkpoint is None:
-            return "unknown-session"
-        if begun.parked:
-            return "parked"
-        self.epoch = self.step_end.epoch = begun.epoch
-        if checkpoint.status == "finished" or not (checkpoint.pending_tool_calls() or checkpoint.approval_id):
-            return "nothing-to-fold"
-        self.abort_flag = begun.aborted
-        self.parent_session_id = checkpoint.parent_session_id
-        run = await self.make_run(checkpoint, lease)
-        if begun.aborted and checkpoint.status == "in-progress":
-            return await self.abort(run, checkpoint)
-        return await self.dispatch(run, checkpoint, begun.results)
-
     # -- tool calls ----------------------------------------------------------------------
 
     async def dispatch(self, run: Run, checkpoint: Checkpoint, known: dict[str, bytes] | None = None) -> str:
@@ -374,7 +303,7 @@ class SessionSteps:
         for _ in range(len(checkpoint.messages) + 2):
             results = self.results(checkpoint) if known is None else turn_results(known, tool_turn(checkpoint))
             known = None
-            checkpoint = await self.fold(run, checkpoint, results, may_end=True)
+            checkpoint = await fold(self, run, checkpoint, results, may_end=True)
             if self.step_end.done:
                 return "turn-enqueued"
             if checkpoint.status == "awaiting-approval":
@@ -418,27 +347,6 @@ class SessionSteps:
         """Send each call's task once, when the step ends."""
         self.step_end.send_calls(tool_turn(checkpoint), calls, redispatch)
 
-    async def fold(
-        self, run: Run, checkpoint: Checkpoint, results: dict[str, Any] | None = None, may_end: bool = False
-    ) -> Checkpoint:
-        """Record committed results in call order (one save each); settle a decided approval.
-        `may_end`: the save of a turn's last result ends the step (the next model turn follows)."""
-        results = self.results(checkpoint) if results is None else results
-        if checkpoint.status == "awaiting-approval":
-            checkpoint = await fold_decided_approval(self, run, checkpoint, results)
-            if checkpoint.status == "awaiting-approval":
-                return checkpoint
-        for call in checkpoint.pending_tool_calls():
-            if call.id not in results:
-                break
-            folded = record_tool_result(checkpoint, call, results[call.id])
-            if may_end and not folded.pending_tool_calls() and folded.status == "in-progress":
-                self.step_end.complete_turn(turn_number(folded))
-                self.step_end.in_next_save()
-            checkpoint = await run.save(folded)
-            run.latest = checkpoint
-        return checkpoint
-
     def approval(self, checkpoint: Checkpoint) -> ApprovalSnapshot | None:
         """The approval the checkpoint waits on, as stored now (None when it waits on none): this
         session's part of it, with the decision, when a parent's snapshot nests it (a sub-agent's)."""
@@ -450,10 +358,10 @@ class SessionSteps:
     async def abort(self, run: Run, checkpoint: Checkpoint) -> str:
         """Every unfinished call gets its committed result or 'cancelled'; the run stays 'in-progress'
         and idle (out of the in-flight index) until new input or `Client.resume`."""
-        checkpoint = await self.fold(run, checkpoint)
+        checkpoint = await fold(self, run, checkpoint)
         abort_children(self, run, checkpoint)
         ask = commit_abort_results(self, run, checkpoint)  # a call that may have run is not 'cancelled' (issue #17)
-        checkpoint = await self.fold(run, checkpoint)
+        checkpoint = await fold(self, run, checkpoint)
         if ask is not None and checkpoint.status == "in-progress" and checkpoint.pending_tool_calls()[:1] == [ask]:
             checkpoint = await run.pause(checkpoint, ask, kind="interrupted")
         elif checkpoint.status == "in-progress":

@@ -1,11 +1,11 @@
 """One tool call as its own task: run it (at least once), commit its result (exactly once),
 then fold it into the checkpoint and send what comes next.
 
-Round trips (issue #9): `begin_call` (the checkpoint, the abort flag, committed already? the
+Round trips (issue #9): `begin.begin_call` (the checkpoint, the abort flag, committed already? the
 call's lease, its start counted), the tool, then, when the call was the only one its turn waited
-for, `commit_fold` (the result committed, the leases, the fold saved, the step ended: one round
-trip); otherwise `commit_call` (the result, the call's lease released, the session's lease taken and
-the checkpoint read) and the fold's save, which ends the step.
+for, `fold.fold_last_result` (the result committed, the leases, the fold saved, the step ended: one
+round trip); otherwise `fold.fold_when_free`: `commit.commit_call` (the result, the call's lease
+released, the session's lease taken and the checkpoint read) and the fold's save, which ends the step.
 """
 
 from __future__ import annotations
@@ -16,17 +16,18 @@ from lousho.abort import RunAborted
 from lousho.checkpoint import Checkpoint
 from lousho.engine import CANCELLED_RESULT, PlannedCall, abortable, plan_tool_call, run_planned_call
 from lousho.errors import PropagatingToolError
-from lousho.fleet.dispatch import send_advance, tool_turn
+from lousho.fleet.dispatch import tool_turn
 from lousho.fleet.keys import result_field
 from lousho.messages import Message, ToolCall
 from lousho.run import Run
 from lousho.telemetry.counters import FleetCounters
 from lousho.tools import interrupted_result, tool_error
+from lousho.worker.begin import CallBegun, CallState, begin_call, undo_call
+from lousho.worker.fold import fold_last_result, fold_when_free
 from lousho.worker.heartbeat import heartbeat
 from lousho.worker.interrupted import interrupted_plan, mark_interrupted
 from lousho.worker.leases import Lease
 from lousho.worker.running import RunningCall, running_calls
-from lousho.worker.scripts import CallBegun, CallState
 from lousho.worker.steps import SessionSteps
 
 __all__ = ["run_tool_call"]
@@ -45,13 +46,13 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     call_lease = Lease(
         steps.client, steps.keys.call_lease(steps.session_id, call_id), steps.runtime.settings.lease_ttl_ms
     )
-    begun = steps.scripts.begin_call(steps.session_id, running.field, call_lease, running.entry)
+    begun = begin_call(steps.scripts, steps.session_id, running.field, call_lease, running.entry)
     steps.epoch = steps.step_end.epoch = running.epoch = begun.epoch
     checkpoint = begun.checkpoint
     pending = checkpoint.pending_tool_calls() if checkpoint is not None and tool_turn(checkpoint) == turn else []
     call = next((c for c in pending if c.id == call_id), None)
     if checkpoint is None or call is None:
-        steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+        undo_call(steps.scripts, steps.session_id, running.field, call_lease, (running.epoch, running.entry))
         return "unknown-session" if checkpoint is None else "recorded"
     if begun.state is CallState.BUSY:
         return "running-elsewhere"
@@ -63,11 +64,11 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
         interrupted = interrupted_plan(steps, run, checkpoint, call, begun)  # issue #17
         if interrupted == "ask":  # not run again: the fold pauses the session on it
             mark_interrupted(steps, running.field)
-            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+            undo_call(steps.scripts, steps.session_id, running.field, call_lease, (running.epoch, running.entry))
             return await fold_when_free(steps)
         plan = interrupted if isinstance(interrupted, PlannedCall) else await _plan(steps, run, checkpoint, call)
         if plan is None:
-            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+            undo_call(steps.scripts, steps.session_id, running.field, call_lease, (running.epoch, running.entry))
             return "waiting-for-approval"
         result = await _run_started(steps, run, plan, (running, call_lease), begun)
     except BaseException as exc:
@@ -79,7 +80,7 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
         return "parked"
     if result is NOT_STARTED or result is CUT_SHORT:  # an 'ask' call stopped by an abort: no result (issue #17)
         if result is NOT_STARTED:
-            steps.scripts.undo_call(steps.session_id, running.field, call_lease, (running.epoch, running.entry))
+            undo_call(steps.scripts, steps.session_id, running.field, call_lease, (running.epoch, running.entry))
         else:  # it may have run: its counted start stays, for the abort's step to pause on it
             call_lease.release()
             steps.scripts.leave_running(running.entry)
@@ -87,7 +88,7 @@ async def run_tool_call(steps: SessionSteps, call_id: str, turn: int) -> str:
     message = Message.tool_result(call, result)  # the result's one JSON encode: committed and recorded (issue #30)
     result_json = message.content or "null"
     if checkpoint.status == "in-progress" and [c.id for c in pending] == [call.id] and not steps.aborted():
-        folded = await steps.fold_last_result(checkpoint, call, running, message, call_lease)
+        folded = await fold_last_result(steps, checkpoint, call, running, (message, call_lease))
         return folded or await fold_when_free(steps)
     return await fold_when_free(steps, (running, result_json, call_lease))
 
@@ -151,19 +152,3 @@ def _policy(run: Run, plan: PlannedCall) -> str:
     """The call's `on_interrupted`: its tool's, or 'rerun' for a result preset by a human (issue #17)."""
     tool = run.agent.tools.get(plan.call.name)
     return "rerun" if plan.preset or tool is None else tool.on_interrupted
-
-
-async def fold_when_free(steps: SessionSteps, commit: tuple[RunningCall, str, Lease] | None = None) -> str:
-    """Commit the call's result (`commit`: the call, its result JSON and its lease), then fold under
-    the session's lease; if the lease stays busy, leave the fold to an `advance` task."""
-    lease = steps.session_lease()
-    begun = None
-    if commit is not None:
-        running, result_json, call_lease = commit
-        run = (running.epoch, running.entry)
-        begun = steps.scripts.commit_call(steps.session_id, running.field, result_json, call_lease, lease, run)
-    begun = begun or await steps.begin_when_free(lease)
-    if begun is None:
-        send_advance(steps.runtime.app, steps.session_id, "fold")
-        return "fold-deferred"
-    return await steps.fold_after_call(lease, begun)
