@@ -577,6 +577,24 @@ def save_log(folder: Path) -> Iterator[tuple[str, int, str, int, float]]:
             yield session, int(version), status, int(pid), float(at)
 
 
+def acknowledged_twice(fleet: ChaosFleet, folder: Path) -> set[str]:
+    """With asynchronous replication (issue #18): what a failover lost that the workers redid, read off the workers'
+    logs, outside Redis. A save version acknowledged twice, or a call's result committed twice (first writer wins:
+    a call runs again only when its result is not there), was lost once. The workers follow the new master before
+    the test sees it, so a loss may be redone before the test compares the store with the logs: only the logs show
+    it then. Each call committed twice may run once more for each extra commit (`fleet.interrupted`); the sessions
+    with a version acknowledged twice are returned."""
+    commits = Counter(
+        line.split("\t")[1].split(":", 1)[1]
+        for path in sorted(folder.glob("commits-*.log"))
+        for line in path.read_text().splitlines()
+    )
+    for call_id, count in commits.items():
+        fleet.interrupted[call_id] += count - 1
+    versions = Counter((session, version) for session, version, *_ in save_log(folder))
+    return {session for (session, _), count in versions.items() if count > 1}
+
+
 def check_each_version_acked_once(folder: Path) -> list[str]:
     """No two acknowledged saves of one (session, version): a stale writer never landed a save."""
     writers: dict[tuple[str, int], list[int]] = {}

@@ -38,6 +38,7 @@ from tests.chaos.harness import (
     Background,
     ChaosFleet,
     Row,
+    acknowledged_twice,
     check_sessions,
     decide_lost_approvals_again,
     decide_pending_again,
@@ -173,6 +174,8 @@ def test_cluster_primary_sigkilled_mid_run(
         reaper.wait(timeout=10)
     elapsed = time.monotonic() - started
 
+    redone = acknowledged_twice(fleet, saves)  # lost in a failover and redone before the test looked
+    lost_sessions |= redone
     landed = learn_decisions_that_landed(fleet, approver)
     violations, figures = check_sessions(fleet, scripts, approver)
     orphaned = paused_without_their_approval(fleet, sessions)
@@ -186,6 +189,7 @@ def test_cluster_primary_sigkilled_mid_run(
         violations.append(f"the reaper process died: {reaper_log.read_text()[-2000:]}")
     figures["acknowledged saves lost (asynchronous replication)"] = lost_saves
     figures["sessions that lost one"] = len(lost_sessions)
+    figures["sessions that redid a lost save before the check (a version acknowledged twice)"] = len(redone)
     figures["approval decisions lost in a failover (shown pending again, decided again)"] = lost_decisions
     figures["approvals pending again at another time (decided again)"] = sum(decided_again)
     figures["decisions that landed though their call failed (typed)"] = landed

@@ -11,7 +11,8 @@ fires once, and the process dies by SIGKILL: no cleanup, no ack.
 Knobs for the chaos suite (tests/chaos), all off unless set:
 `LOUSHO_TEST_MAX_ATTEMPTS` (poison threshold), `LOUSHO_TEST_TRACK=1` (each tool run adds its
 call id to the set `started:<pid>` and `<pid>@<time>` to the list `runlog:<call id>`), `LOUSHO_TEST_SAVE_LOG=<folder>` (every acknowledged save is
-appended to `<folder>/saves-<pid>.log`, outside Redis, so a Redis crash cannot erase the record),
+appended to `<folder>/saves-<pid>.log`, outside Redis, so a Redis crash cannot erase the record; every acknowledged
+commit of a call's result to `<folder>/commits-<pid>.log`),
 `LOUSHO_TEST_SEND_FAULTS=drop=0.1,dup=0.2,seed=7` (each task this worker sends is dropped or
 sent twice at random; counted in the hash `send-faults`), `LOUSHO_TEST_CELERY_CONF=<json>`
 (Celery settings on top of lousho's, e.g. `{"broker_transport_options": {...}}`),
@@ -166,12 +167,57 @@ def charge(args: Charge, ctx: ToolContext) -> dict[str, Any]:
 def log_save(event: CheckpointSavedEvent) -> None:
     """One line per acknowledged save, written straight to the kernel (it survives SIGKILL of this process)."""
     if SAVE_LOG:
-        line = f"{event.session_id}\t{event.version}\t{event.status}\t{os.getpid()}\t{time.time():.6f}\n"
-        fd = os.open(os.path.join(SAVE_LOG, f"saves-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
+        _append_to_log("saves", f"{event.session_id}\t{event.version}\t{event.status}\t{os.getpid()}\t{time.time():.6f}\n")
+
+
+def _append_to_log(name: str, line: str) -> None:
+    """A line appended to `<SAVE_LOG>/<name>-<pid>.log`, written straight to the kernel (it survives SIGKILL)."""
+    fd = os.open(os.path.join(SAVE_LOG or "", f"{name}-{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def _log_commit(session_id: str, field: str) -> None:
+    _append_to_log("commits", f"{session_id}\t{field}\t{os.getpid()}\t{time.time():.6f}\n")
+
+
+def _logging_commits(commit: Any) -> Any:
+    """`commit` (a worker's commit of a call's result), logging each the server acknowledged: with replication
+    asynchronous, a failover may lose one, as it may lose a save, and that call then runs again (issue #18)."""
+
+    def logged(scripts: Any, session_id: str, *args: Any, **kwargs: Any) -> Any:
+        reply = commit(scripts, session_id, *args, **kwargs)
+        field = args[0][0] if commit.__name__ == "commit_call" else args[1]  # (field, json, lease) or epoch, field
+        if reply is not False:  # `commit_result` says False when another result was there first: nothing written
+            _log_commit(session_id, field)
+        return reply
+
+    return logged
+
+
+def _logging_folds(fold_last_result: Any) -> Any:
+    """`fold_last_result` (a turn's last result committed with its fold's save, commit_fold.lua), logging the commit
+    once it returned: it commits the result whether the fold is saved or left to the usual fold (None), unless the
+    session is another incarnation now (logged all the same: a test may then allow a run that did not happen)."""
+
+    async def logged(steps: Any, checkpoint: Any, call: Any, running: Any, leased: Any) -> Any:
+        outcome = await fold_last_result(steps, checkpoint, call, running, leased)
+        _log_commit(steps.session_id, running.field)
+        return outcome
+
+    return logged
+
+
+if SAVE_LOG:  # the three places a worker commits a call's result
+    import lousho.worker.fold as _fold
+    import lousho.worker.steps as _steps
+    import lousho.worker.tool_task as _tool_task
+
+    _fold.commit_call = _logging_commits(_fold.commit_call)  # type: ignore[assignment]
+    _steps.commit_result = _logging_commits(_steps.commit_result)  # type: ignore[assignment]
+    _tool_task.fold_last_result = _logging_folds(_tool_task.fold_last_result)  # type: ignore[assignment]
 
 
 def on_event(event: Event) -> None:
