@@ -36,8 +36,10 @@ from lousho.checkpoint import Checkpoint, decode_checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.messages import Message
 from lousho.stores.codec import PLAIN, PayloadCodec, message_place
+from lousho.stores.record_header import HEADER, RECORD_START, header_text, read_header
 
 __all__ = [
+    "HEADER",
     "Head",
     "Known",
     "SessionCache",
@@ -53,9 +55,9 @@ __all__ = [
     "plan_save",
     "split_record",
     "text_prefix",
+    "written_head",
 ]
 
-HEADER = "$store"
 FORMAT = 1
 Segments = list[tuple[int, int]]
 
@@ -102,14 +104,18 @@ def encode_records(
     """The head of `checkpoint` and (with `history`) its history entry: the same header and fields, the
     sealed part bound to each place (issue #31; the same text twice when nothing is encrypted)."""
     bodies = codec.seal_record(checkpoint, session_id, history=history)
-    return [behind_header(writer, segments, extra, body) for body in bodies]
+    header = _record_start(writer, segments, extra)  # one header for both (issue #30)
+    return [header + body[1:] for body in bodies]
 
 
 def behind_header(writer: str, segments: Segments, extra: Mapping[str, int], body: str) -> str:
     """A record: the store header (`writer`, `segments`, the store's own `extra` fields), then `body`, the
     checkpoint's JSON without messages (as `seal_record` makes it)."""
-    header = json.dumps({"f": FORMAT, "w": writer, "s": segments, **extra}, separators=(",", ":"))
-    return '{"' + HEADER + '":' + header + ',"messages":null,' + body[1:]
+    return _record_start(writer, segments, extra) + body[1:]
+
+
+def _record_start(writer: str, segments: Segments, extra: Mapping[str, int]) -> str:
+    return RECORD_START + header_text(FORMAT, writer, segments, extra) + ',"messages":null,'
 
 
 def split_record(
@@ -149,6 +155,15 @@ def split_record(
         codec.open_fields(data, session_id, history=history, count=sum(count for _, count in head.segments))
     data.pop(HEADER)
     return data, head
+
+
+def written_head(raw: object, writer: str) -> Head | None:
+    """The header of a stored record when it names `writer` (the save this process made last), read alone:
+    a save only needs its writer and segments (issue #30). None otherwise: read it all (`split_record`)."""
+    meta = read_header(raw)
+    if not isinstance(meta, dict) or meta.get("w") != writer:
+        return None
+    return _head(meta) if isinstance(meta.get("f"), int) and meta["f"] <= FORMAT else None
 
 
 def _head(meta: Any) -> Head | None:

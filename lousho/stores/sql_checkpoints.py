@@ -47,6 +47,7 @@ from lousho.stores.segments import (
     new_writer_id,
     plan_save,
     split_record,
+    written_head,
 )
 from lousho.stores.sql_database import SqlDatabase, cutoff_time, naive_utc_now
 from lousho.stores.sql_driver import DriverStatement, DriverTransaction
@@ -133,7 +134,8 @@ class SqlCheckpointStore:
         found = None if row is None else int(row[0])
         if found != previous and not (found is None and previous == 0):
             raise CheckpointConflictError(session_id, previous, found)
-        head = None if row is None else _head_of(session_id, row[1], self._codec)
+        known = self._cache.get(session_id)
+        head = None if row is None else _head_of(session_id, row[1], self._codec, known)
         segments, texts = plan_save(
             self._cache,
             session_id,
@@ -323,11 +325,16 @@ class SqlCheckpointStore:
         self._cache.drop(session_id)
 
 
-def _head_of(session_id: str, raw: str, codec: PayloadCodec) -> Head | None:
+def _head_of(session_id: str, raw: str, codec: PayloadCodec, known: Known | None) -> Head | None:
     """The stored head's header, for a save; None for a whole-checkpoint row or one that cannot be read
     (a save over it writes the whole transcript, as it always did). With encryption on, its sealed part is
     opened too: a wrong or missing key raises `PayloadKeyError` before anything is written (issue #17), even
-    when the save would read no stored message."""
+    when the save would read no stored message. Without keys, a head this process saved last (`known`'s
+    writer) has its header read alone: the save uses nothing else of it (issue #30)."""
+    if known is not None and not codec.keys:
+        head = written_head(raw, known.writer)
+        if head is not None:
+            return head
     try:
         return split_record(session_id, raw, codec if codec.keys else None)[1]
     except (CorruptCheckpointError, PayloadDecodeError) as error:
