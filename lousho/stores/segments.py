@@ -170,12 +170,15 @@ def _head(meta: Any) -> Head | None:
     if not isinstance(meta, dict) or not isinstance(meta.get("w"), str) or not isinstance(meta.get("s"), list):
         return None
     segments: Segments = []
-    for segment in meta["s"]:
-        if not (isinstance(segment, list) and len(segment) == 2 and all(type(n) is int and n >= 0 for n in segment)):
+    for segment in meta["s"]:  # the same checks as a generator over each pair, without one (issue #30)
+        if not (isinstance(segment, list) and len(segment) == 2):
             return None
-        segments.append((segment[0], segment[1]))
+        start, count = segment
+        if not (type(start) is int and type(count) is int and start >= 0 and count >= 0):
+            return None
+        segments.append((start, count))
     extra = {k: v for k, v in meta.items() if k not in ("f", "w", "s")}
-    if not all(type(v) is int and v >= 0 for v in extra.values()):
+    if extra and not all(type(v) is int and v >= 0 for v in extra.values()):
         return None
     return Head(writer=meta["w"], segments=segments, extra=extra)
 

@@ -121,8 +121,7 @@ class SqlCheckpointStore:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
         writer, previous = new_writer_id(), checkpoint.version - 1
         try:
-            with self._db.driver_write() as transaction:
-                self._write(transaction, session_id, checkpoint, writer)
+            self._db.driver_write(lambda transaction: self._write(transaction, session_id, checkpoint, writer))
         except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
             with self._db.read() as conn:
                 raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None

@@ -11,10 +11,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -24,7 +24,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
-from lousho.stores.sql_driver import DriverTransaction, SaveConnections, driver_transaction, instrumented
+from lousho.stores.sql_driver import DriverTransaction, SaveConnections, instrumented, run_transaction
+
+T = TypeVar("T")
 
 __all__ = ["SQLITE_BUSY_TIMEOUT_MS", "SqlDatabase", "cutoff_time", "naive_utc_now", "tables"]
 
@@ -170,6 +172,7 @@ class SqlDatabase:
         # A file's connections only: an in-memory database lives in its one connection (SingletonThreadPool).
         keep = self.engine.dialect.name == "sqlite" and isinstance(self.engine.pool, sa.pool.QueuePool)
         self.save_connections = SaveConnections(self.engine, keep=keep)
+        self._save_begin = "BEGIN IMMEDIATE" if self.engine.dialect.name == "sqlite" else None
         self._ready = False
         self._ready_lock = threading.Lock()
 
@@ -196,12 +199,15 @@ class SqlDatabase:
         except exc.IntegrityError:
             raise
         except exc.SQLAlchemyError as error:
-            orig = getattr(error, "orig", None)
-            detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
-            detail = redact_secrets(detail, *self._secrets)
-            raise StoreUnavailableError(
-                f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
-            ) from error
+            raise self._unavailable(error) from error
+
+    def _unavailable(self, error: exc.SQLAlchemyError) -> StoreUnavailableError:
+        orig = getattr(error, "orig", None)
+        detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
+        detail = redact_secrets(detail, *self._secrets)
+        return StoreUnavailableError(
+            f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
+        )
 
     def ensure_tables(self) -> None:
         """Create what is missing (all tables on a new database, the newer ones on an old one)."""
@@ -232,19 +238,20 @@ class SqlDatabase:
         with self.translate(), self.engine.connect().execution_options(**{_WRITE: True}) as conn, conn.begin():
             yield conn
 
-    @contextmanager
-    def driver_write(self) -> Iterator[DriverTransaction]:
-        """A write transaction on the driver's own cursor, for the save's precompiled statements
-        (`lousho.stores.sql_driver`, issue #20); errors translated as `write()` translates them."""
+    def driver_write(self, work: Callable[[DriverTransaction], T]) -> T:
+        """`work(transaction)` in a write transaction on the driver's own cursor, for the save's precompiled
+        statements (`lousho.stores.sql_driver`, issue #20); errors translated as `write()` translates them.
+        A call rather than a context manager, as `run_transaction` is (issue #30)."""
         if instrumented(self.engine):
             with self.write() as conn:
-                yield DriverTransaction(connection=conn)
-            return
+                return work(DriverTransaction(connection=conn))
         self.ensure_tables()
-        dialect = self.engine.dialect
-        begin = "BEGIN IMMEDIATE" if dialect.name == "sqlite" else None
-        with self.translate(), driver_transaction(self.save_connections, dialect, begin) as transaction:
-            yield transaction
+        try:
+            return run_transaction(self.save_connections, self.engine.dialect, self._save_begin, work)
+        except exc.IntegrityError:
+            raise
+        except exc.SQLAlchemyError as error:
+            raise self._unavailable(error) from error
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

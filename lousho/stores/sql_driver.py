@@ -16,16 +16,18 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from typing import Any, TypeVar
 
 from sqlalchemy import exc
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
-__all__ = ["DriverStatement", "DriverTransaction", "SaveConnections", "driver_transaction", "instrumented"]
+T = TypeVar("T")
+
+__all__ = ["DriverStatement", "DriverTransaction", "SaveConnections", "instrumented", "run_transaction"]
 
 
 class DriverStatement:
@@ -173,13 +175,13 @@ _INHERITED: list[Any] = []
 """Kept connections a forked child inherited: referenced, so never closed (nor collected) there."""
 
 
-@contextmanager
-def driver_transaction(
-    connections: SaveConnections, dialect: Dialect, begin: str | None
-) -> Iterator[DriverTransaction]:
-    """A transaction on a connection from `connections`, committed when the block ends, rolled back
-    if it raises. `begin`: the statement that opens it (SQLite: BEGIN IMMEDIATE, since the engine's
-    connections are in autocommit mode); None where the driver opens one by itself (psycopg).
+def run_transaction(
+    connections: SaveConnections, dialect: Dialect, begin: str | None, work: Callable[[DriverTransaction], T]
+) -> T:
+    """`work(transaction)` in a transaction on a connection from `connections`, committed when it returns,
+    rolled back if it raises; what it returns. `begin`: the statement that opens it (SQLite: BEGIN IMMEDIATE,
+    since the engine's connections are in autocommit mode); None where the driver opens one by itself (psycopg).
+    A call, not a context manager: a generator's enter and exit cost a save more than its BEGIN (issue #30).
 
     A driver error raises as SQLAlchemy wraps it (`exc.IntegrityError`, `exc.OperationalError`...),
     and a connection the dialect finds disconnected is dropped from the pool."""
@@ -191,9 +193,10 @@ def driver_transaction(
         cursor = connection.cursor()
         if begin is not None:
             cursor.execute(begin)
-        yield DriverTransaction(cursor)
+        result = work(DriverTransaction(cursor))
         connection.commit()
         failed = False
+        return result
     except BaseException as raised:
         _quietly(connection.rollback)
         error = raised.error if isinstance(raised, _Failed) else raised
