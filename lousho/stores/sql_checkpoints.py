@@ -121,13 +121,16 @@ class SqlCheckpointStore:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
         writer, previous = new_writer_id(), checkpoint.version - 1
         try:
-            self._db.driver_write(lambda transaction: self._write(transaction, session_id, checkpoint, writer))
+            next_seq = self._db.driver_write(
+                lambda transaction: self._write(transaction, session_id, checkpoint, writer)
+            )
         except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
             with self._db.read() as conn:
                 raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None
-        self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages)))
+        self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages), next_seq))
 
-    def _write(self, transaction: DriverTransaction, session_id: str, checkpoint: Checkpoint, writer: str) -> None:
+    def _write(self, transaction: DriverTransaction, session_id: str, checkpoint: Checkpoint, writer: str) -> int:
+        """The save's statements; the session's next message position after it (`Known.next_seq`)."""
         previous, sql, sid = checkpoint.version - 1, self._sql, {"sid": session_id}
         row = transaction.execute(sql.lock, sid).fetchone()
         found = None if row is None else int(row[0])
@@ -143,8 +146,10 @@ class SqlCheckpointStore:
             lambda h: self._stored_texts(transaction, session_id, h),
             self._codec,
         )
-        last = transaction.execute(sql.last_seq, sid).fetchone()[0]
-        base = 0 if last is None else int(last) + 1
+        base = _next_seq(known, head, previous)
+        if base is None:
+            last = transaction.execute(sql.last_seq, sid).fetchone()[0]
+            base = 0 if last is None else int(last) + 1
         if texts:
             rows = [{"session_id": session_id, "seq": base + i, "data": text} for i, text in enumerate(texts)]
             transaction.execute_many(sql.append, rows)
@@ -162,6 +167,7 @@ class SqlCheckpointStore:
             history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
             transaction.execute(sql.push, {**history, "saved_at": now, "data": entry})
             transaction.execute(sql.trim(self.history_limit), sid)
+        return base + len(texts)
 
     def _stored_texts(self, transaction: DriverTransaction, session_id: str, head: Head) -> list[str | None]:
         """The stored JSON of the messages `head` names (a save that does not know the stored head)."""
@@ -340,6 +346,15 @@ def _head_of(session_id: str, raw: str, codec: PayloadCodec, known: Known | None
         if isinstance(error, PayloadKeyError):
             raise
         return None
+
+
+def _next_seq(known: Known | None, head: Head | None, previous: int) -> int | None:
+    """Where the save's new messages go, when this store wrote the stored head (its version and writer id): one
+    past the last message it stored then, since only a save appends messages, in the transaction that writes
+    its head, so none was appended since. None otherwise: ask the table (issue #30: one statement less)."""
+    if known is None or head is None or known.version != previous or known.writer != head.writer:
+        return None
+    return known.next_seq
 
 
 def _decode(session_id: str, data: Any, head: Head | None, transcript: Transcript | None) -> Checkpoint:
