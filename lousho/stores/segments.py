@@ -337,8 +337,6 @@ class Known:
     version: int
     writer: str
     messages: tuple[Message, ...]
-    next_seq: int | None = None
-    """SqlStore, after its own save: one past the last message position of the session (issue #30)."""
 
 
 class SessionCache:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -103,6 +104,21 @@ class _Statements:
         return found
 
 
+_FIELDS_START = ',"messages":null,'
+"""What follows a head's store header (`behind_header`)."""
+
+
+@dataclass(frozen=True)
+class _Saved(Known):
+    """What this store's own last save of a session left (issue #30): besides `Known`, where the next message goes
+    (`next_seq`) and how the head's text begins, up to its fields (`start`: its store header, which is `head`),
+    so that a save over that very head neither asks the table for its last message nor parses the head."""
+
+    next_seq: int = 0
+    start: str = ""
+    head: Head | None = None
+
+
 class SqlCheckpointStore:
     """Latest checkpoint per session (compare-and-set on `version`) plus a history ring."""
 
@@ -121,16 +137,14 @@ class SqlCheckpointStore:
         """Store `checkpoint` if it follows the stored version; else `CheckpointConflictError`, nothing written."""
         writer, previous = new_writer_id(), checkpoint.version - 1
         try:
-            next_seq = self._db.driver_write(
-                lambda transaction: self._write(transaction, session_id, checkpoint, writer)
-            )
+            saved = self._db.driver_write(lambda transaction: self._write(transaction, session_id, checkpoint, writer))
         except exc.IntegrityError:  # PostgreSQL: a concurrent first save of this session won
             with self._db.read() as conn:
                 raise CheckpointConflictError(session_id, previous, self._version(conn, session_id)) from None
-        self._cache.put(session_id, Known(checkpoint.version, writer, tuple(checkpoint.messages), next_seq))
+        self._cache.put(session_id, saved)
 
-    def _write(self, transaction: DriverTransaction, session_id: str, checkpoint: Checkpoint, writer: str) -> int:
-        """The save's statements; the session's next message position after it (`Known.next_seq`)."""
+    def _write(self, transaction: DriverTransaction, session_id: str, checkpoint: Checkpoint, writer: str) -> _Saved:
+        """The save's statements; what the store's cache keeps of it."""
         previous, sql, sid = checkpoint.version - 1, self._sql, {"sid": session_id}
         row = transaction.execute(sql.lock, sid).fetchone()
         found = None if row is None else int(row[0])
@@ -153,21 +167,33 @@ class SqlCheckpointStore:
         if texts:
             rows = [{"session_id": session_id, "seq": base + i, "data": text} for i, text in enumerate(texts)]
             transaction.execute_many(sql.append, rows)
-        record, entry = encode_records(
-            checkpoint, writer, extend_segments(segments, base, len(texts)), codec=self._codec, session_id=session_id
-        )
-        now = naive_utc_now()
-        values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": record}
-        if row is None:
+        segments = extend_segments(segments, base, len(texts))
+        record, entry = encode_records(checkpoint, writer, segments, codec=self._codec, session_id=session_id)
+        self._write_head(transaction, session_id, checkpoint, row is None, (record, entry))
+        start = record[: record.index(_FIELDS_START) + len(_FIELDS_START)]  # the header holds no such text
+        messages = tuple(checkpoint.messages)
+        return _Saved(checkpoint.version, writer, messages, base + len(texts), start, Head(writer, segments))
+
+    def _write_head(
+        self,
+        transaction: DriverTransaction,
+        session_id: str,
+        checkpoint: Checkpoint,
+        new: bool,
+        records: tuple[str, str],
+    ) -> None:
+        """The compare-and-set of the head (an INSERT for a `new` session), then its history entry and the trim."""
+        sql, previous, now = self._sql, checkpoint.version - 1, naive_utc_now()
+        values = {"version": checkpoint.version, "status": checkpoint.status, "updated_at": now, "data": records[0]}
+        if new:
             transaction.execute(sql.insert, {"session_id": session_id, **values})
         elif transaction.execute(sql.update, {"sid": session_id, "previous": previous, **values}).rowcount != 1:
-            stored = transaction.execute(sql.version, sid).fetchone()
+            stored = transaction.execute(sql.version, {"sid": session_id}).fetchone()
             raise CheckpointConflictError(session_id, previous, None if stored is None else int(stored[0]))
         if self.history_limit > 0:
             history = {"session_id": session_id, "step": checkpoint.step_index, "status": checkpoint.status}
-            transaction.execute(sql.push, {**history, "saved_at": now, "data": entry})
-            transaction.execute(sql.trim(self.history_limit), sid)
-        return base + len(texts)
+            transaction.execute(sql.push, {**history, "saved_at": now, "data": records[1]})
+            transaction.execute(sql.trim(self.history_limit), {"sid": session_id})
 
     def _stored_texts(self, transaction: DriverTransaction, session_id: str, head: Head) -> list[str | None]:
         """The stored JSON of the messages `head` names (a save that does not know the stored head)."""
@@ -337,6 +363,8 @@ def _head_of(session_id: str, raw: str, codec: PayloadCodec, known: Known | None
     when the save would read no stored message. Without keys, a head this process saved last (`known`'s
     writer) has its header read alone: the save uses nothing else of it (issue #30)."""
     if known is not None and not codec.keys:
+        if isinstance(known, _Saved) and known.start and raw.startswith(known.start):  # its last save's very head
+            return known.head
         head = written_head(raw, known.writer)
         if head is not None:
             return head
@@ -352,7 +380,7 @@ def _next_seq(known: Known | None, head: Head | None, previous: int) -> int | No
     """Where the save's new messages go, when this store wrote the stored head (its version and writer id): one
     past the last message it stored then, since only a save appends messages, in the transaction that writes
     its head, so none was appended since. None otherwise: ask the table (issue #30: one statement less)."""
-    if known is None or head is None or known.version != previous or known.writer != head.writer:
+    if not isinstance(known, _Saved) or head is None or known.version != previous or known.writer != head.writer:
         return None
     return known.next_seq
 

@@ -77,14 +77,22 @@ def test_a_save_over_its_own_head_does_not_parse_that_head(tmp_path: Path, monke
             return whole(*args, **kwargs)
 
         monkeypatch.setattr(sql_checkpoints, "split_record", counting)
+        headers: list[object] = []
+        header_alone = sql_checkpoints.written_head
+        monkeypatch.setattr(
+            sql_checkpoints, "written_head", lambda raw, writer: headers.append(raw) or header_alone(raw, writer)
+        )
         store.checkpoints.save("s", sample_checkpoint("s", version=2, step=1))
-        assert parsed == []  # its own head: the header alone
+        assert parsed == [] and headers == []  # its own last save's head: known by how it begins, nothing parsed
         other.checkpoints.save("s", sample_checkpoint("s", version=3, step=2))
         assert len(parsed) == 1  # another store's head (its cache knows nothing): read whole, as before
         store.checkpoints.save("s", sample_checkpoint("s", version=4, step=3))
         assert len(parsed) == 2  # the head is the other store's now
+        store.checkpoints.load("s")
+        store.checkpoints.save("s", sample_checkpoint("s", version=5, step=4))
+        assert len(parsed) == 3 and len(headers) == 2  # the load read it whole; the save, its header alone
         loaded = other.checkpoints.load("s")
-        assert loaded is not None and loaded.version == 4
+        assert loaded is not None and loaded.version == 5
     finally:
         store.close()
         other.close()
