@@ -6,8 +6,10 @@ saves refused; every session finishes with every guarantee (`check_sessions`), a
 from __future__ import annotations
 
 import random
+import re
 import signal
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,7 @@ def test_a_process_killed_or_stopped_holding_many_calls_keeps_every_guarantee(
     time.sleep(2 * LEASE_TTL_S)  # the zombie's last stale writes land, or are refused, before the checks
     elapsed = time.monotonic() - started
 
+    lost = _allow_a_run_per_lease_lost(fleet, zombie.log())
     violations, figures = check_sessions(fleet, scripts, max_attempts=8)
     # A woken zombie may ask the model for a turn another worker recorded meanwhile (no lease stops a frozen
     # process); the answer is never saved (checked below). A cost, counted apart, as in the zombie scenario.
@@ -117,6 +120,23 @@ def test_a_process_killed_or_stopped_holding_many_calls_keeps_every_guarantee(
     figures["model asked by the woken zombie (answer never saved)"] = len(stale_asks)
     figures["stale saves refused (LOUSHO_LEASE_LOST)"] = zombie.log().count("LOUSHO_LEASE_LOST")
     figures["acknowledged saves"] = sum(1 for _ in save_log(saves))
+    figures["call leases the woken zombie lost again (starved as it woke)"] = lost
     record(Row("many calls in flight per process (SIGKILL, SIGSTOP)", len(sessions), "sessions", dict(fleet.faults),
                violations, elapsed, dict(figures)))  # fmt: skip
     assert violations == [], "\n".join(violations[:30]) + "\n" + fleet.worker_logs()[-6000:]
+
+
+def _allow_a_run_per_lease_lost(fleet: ChaosFleet, log: str) -> int:
+    """Each run of a call whose lease the woken zombie lost, as its log says ('lost the lease <key>'), may be followed
+    by one more: the SIGSTOP past the lease counts one for each call it held (`note_interrupted`), but the zombie
+    also takes new work as it wakes, and a run it starts then can lose its lease too while its event loop catches
+    up with hundreds of stale calls (a loaded CI run: a call run by the zombie before the stop, again by the zombie
+    after it, then by the spare, each after a lost lease). The number of losses beyond those already allowed."""
+    losses = Counter(re.findall(r"lost the lease \S+?:lease:(\S+?); a save", log))
+    more = 0
+    for call, count in losses.items():
+        if count > fleet.interrupted[call]:
+            more += count - fleet.interrupted[call]
+            fleet.interrupted[call] = count
+    return more
+
