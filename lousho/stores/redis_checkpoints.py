@@ -48,6 +48,7 @@ from redis.commands.core import Script
 
 from lousho.checkpoint import Checkpoint, HistoryEntry, validate_session_id
 from lousho.errors import CheckpointConflictError, CorruptCheckpointError, LeaseLostError
+from lousho.messages import Message
 from lousho.stores.codec import PLAIN, PayloadCodec, message_place
 from lousho.stores.head_fields import HeadFields, head_fields
 from lousho.stores.listing import Listing, read_each
@@ -200,10 +201,7 @@ class RedisCheckpointStore:
             fence[1] if fence else "",
             len(new),
             request.body[1],
-            *(
-                self.codec.encode_json(message.model_dump_json(), message_place(session_id, first + i))
-                for i, message in enumerate(new)
-            ),
+            *self._message_texts(session_id, first, new),
         ]
         keys = [
             *self.keys.session_keys(request.session_id),
@@ -224,6 +222,16 @@ class RedisCheckpointStore:
             self._cache.drop(request.session_id)  # whether it stands is unknown: the next save sends it all
             self.replica_ack.check(self.client, acked, f"the save of session {request.session_id!r}")
         return reply, after
+
+    def _message_texts(self, session_id: str, first: int, new: Sequence[Message]) -> list[str | bytes]:
+        """The JSON of the new messages, from transcript index `first` on, encoded each bound to its place (issue
+        #31); as they are when the codec is off, without making the places it would not use (issue #30)."""
+        if not self.codec.active:
+            return [message.model_dump_json() for message in new]
+        return [
+            self.codec.encode_json(message.model_dump_json(), message_place(session_id, first + i))
+            for i, message in enumerate(new)
+        ]
 
     def _wire(self, values: Sequence[str | int | bytes]) -> list[str | int | bytes]:
         """`values` as the bytes redis-py would send, encoded here in one pass: its encoder's type checks
