@@ -199,15 +199,12 @@ class SqlDatabase:
         except exc.IntegrityError:
             raise
         except exc.SQLAlchemyError as error:
-            raise self._unavailable(error) from error
-
-    def _unavailable(self, error: exc.SQLAlchemyError) -> StoreUnavailableError:
-        orig = getattr(error, "orig", None)
-        detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
-        detail = redact_secrets(detail, *self._secrets)
-        return StoreUnavailableError(
-            f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
-        )
+            orig = getattr(error, "orig", None)
+            detail = (str(orig if orig is not None else error).strip().splitlines() or ["no detail"])[0]
+            detail = redact_secrets(detail, *self._secrets)
+            raise StoreUnavailableError(
+                f"the database {self.label} cannot be used: {detail}; check that the server is up and reachable, or the file writable"
+            ) from error
 
     def ensure_tables(self) -> None:
         """Create what is missing (all tables on a new database, the newer ones on an old one)."""
@@ -246,12 +243,8 @@ class SqlDatabase:
             with self.write() as conn:
                 return work(DriverTransaction(connection=conn))
         self.ensure_tables()
-        try:
+        with self.translate():
             return run_transaction(self.save_connections, self.engine.dialect, self._save_begin, work)
-        except exc.IntegrityError:
-            raise
-        except exc.SQLAlchemyError as error:
-            raise self._unavailable(error) from error
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
