@@ -51,7 +51,8 @@ class FleetSettings:
     in part, and writes it again from the checkpoint (`lousho.scheduler.approval_repair`, issue #18): a `SCAN`
     of the session heads, so not on every pass. 0: never."""
     requeue_backoff_s: float = 30.0
-    """After a requeue, how long the reaper leaves a session alone (a busy queue is not a dead worker)."""
+    """After a requeue, how long the reaper leaves a session alone (a busy queue is not a dead worker), and up to
+    half that again, drawn for each session (`lousho.backoff`): the sessions one pass sent come due apart."""
     max_attempts: int = 3
     """A model turn or tool call that killed its worker this many times is poison: the turn parks
     the session, the tool call gets an error result."""

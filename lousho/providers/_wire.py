@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.utils
 import importlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from types import ModuleType
@@ -80,27 +81,44 @@ def is_error_result(content: str | None) -> bool:
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
-    """The wait a server asked for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date."""
+    """The wait a server asked for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date. None when it
+    asked for none that can be kept: no header, or one that is 0, negative, a date past, or not a finite number
+    (the retry then waits the exponential backoff, `lousho.backoff`)."""
     if not headers:
         return None
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
+    millis = _positive(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
     value = headers.get("retry-after")
     if not value:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    seconds = _positive(value)
+    if seconds is not None or _is_number(value):
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
-    return max(0.0, when.timestamp() - time.time())
+    return _positive(str(when.timestamp() - time.time()))
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _positive(value: str | None) -> float | None:
+    """`value` as a finite number of more than 0, else None."""
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def transport_errors() -> tuple[type[BaseException], ...]:

@@ -8,6 +8,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from lousho.backoff import exponential_s, jittered_s
 from lousho.compact import CompactModel
 from lousho.messages import Message, Usage
 
@@ -81,14 +82,17 @@ def can_stream(provider: object) -> TypeGuard[StreamingProvider]:
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """Bounded retries with exponential backoff for provider errors that say a retry may help
-    (rate limits, timeouts, server errors); others fail the turn at once."""
+    """Bounded retries for provider errors that say a retry may help (rate limits, timeouts, server errors);
+    others fail the turn at once. The wait before each retry is `lousho.backoff.jittered_s`: an exponential
+    step from `base_delay_s` up to `max_delay_s`, at least a server's `Retry-After` (up to `max_delay_s`),
+    with jitter, so the turns that failed together do not retry together."""
 
     max_attempts: int = 3
     base_delay_s: float = 0.5
     max_delay_s: float = 8.0
 
     def delay_s(self, attempt: int, retry_after_s: float | None = None) -> float:
-        """The wait before attempt `attempt + 1`; a server's Retry-After wins when it is longer."""
-        backoff = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
-        return float(max(backoff, min(retry_after_s or 0.0, self.max_delay_s)))
+        """The wait before attempt `attempt + 1`: at least the server's Retry-After (when it gave a usable one,
+        up to `max_delay_s`) and at least half the exponential step, plus jitter."""
+        step_s = exponential_s(attempt, base_s=self.base_delay_s, cap_s=self.max_delay_s)
+        return jittered_s(floor_s=min(retry_after_s or 0.0, self.max_delay_s), step_s=step_s)

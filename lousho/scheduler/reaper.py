@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from kombu.exceptions import OperationalError
 
+from lousho.backoff import jittered_s
 from lousho.errors import StoreUnavailableError
 from lousho.fleet.dispatch import queue_is_empty, send_advance
 from lousho.fleet.inflight import InflightIndex
@@ -105,7 +106,9 @@ class Requeue:
             queue = self.served.route(agent_of(self.store, session_id), None)
             if queue is None:
                 return False  # no live worker serves its agent: it stays due, and is looked at again next pass
-        self.inflight.touch(session_id, self.now_ms + round(settings.requeue_backoff_s * 1000))
+        # The next look at it: `requeue_backoff_s` and up to half that again, so the sessions one pass sends do not
+        # all come due on one later pass.
+        self.inflight.touch(session_id, self.now_ms + round(jittered_s(floor_s=settings.requeue_backoff_s) * 1000))
         if self._may_still_wait(session_id, queue):
             return False  # our last requeue may still wait on a busy queue: another would only pile up (issue #31)
         with redis_errors(client, f"mark the requeue of session {session_id!r}"):

@@ -22,6 +22,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Engine
 
+from lousho.backoff import jittered_s
 from lousho.errors import ConfigurationError, StoreUnavailableError
 from lousho.redaction import redact_secrets, redact_url, url_password, url_secrets
 from lousho.stores.sql_driver import DriverTransaction, SaveConnections, instrumented, run_transaction
@@ -135,7 +136,7 @@ def _switch_to_wal(cursor: Any) -> None:
         except sqlite3.OperationalError as e:
             if "locked" not in str(e) or time.monotonic() > deadline:
                 raise
-            time.sleep(0.01)
+            time.sleep(jittered_s(floor_s=0.01))  # processes that met the lock together try apart
 
 
 class SqlDatabase:

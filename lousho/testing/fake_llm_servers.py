@@ -28,7 +28,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -74,6 +74,8 @@ class Turn:
     status: int = 200
     error: str | None = None
     retry_after: str | None = None
+    error_headers: tuple[tuple[str, str], ...] = ()
+    """More headers of an error answer (`retry-after-ms`, say)."""
     cut_after: int | None = None
     """Stream only `cut_after` text deltas, then drop the connection (a plain request gets no answer)."""
     chunk_delay_s: float = 0.0
@@ -107,9 +109,17 @@ def reply(
     )
 
 
-def rate_limited(retry_after: float | str = 1, message: str = "Rate limit reached, try again later") -> Turn:
-    """HTTP 429 with a `Retry-After` header (seconds)."""
-    return Turn(status=429, error=message, retry_after=str(retry_after))
+def rate_limited(
+    retry_after: float | str | None = 1,
+    message: str = "Rate limit reached, try again later",
+    *,
+    headers: Mapping[str, str] | None = None,
+) -> Turn:
+    """HTTP 429 with a `Retry-After` header (seconds; None: no such header) and any other `headers`."""
+    extra = tuple((headers or {}).items())
+    return Turn(
+        status=429, error=message, retry_after=None if retry_after is None else str(retry_after), error_headers=extra
+    )
 
 
 def failure(status: int = 400, message: str = "Invalid request") -> Turn:
@@ -192,7 +202,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(api, 400, f"the fake server's script has no answer for request {len(owner.requests)}")
             return
         if turn.status != 200:
-            self._error(api, turn.status, turn.error or "error", turn.retry_after)
+            headers = dict(turn.error_headers) | (
+                {"retry-after": turn.retry_after} if turn.retry_after is not None else {}
+            )
+            self._error(api, turn.status, turn.error or "error", headers)
             return
         if turn.delay_s:
             time.sleep(turn.delay_s)
@@ -214,7 +227,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, api: Api, status: int, message: str, retry_after: str | None = None) -> None:
+    def _error(self, api: Api, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         kinds = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                  404: "not_found_error", 429: "rate_limit_error", 529: "overloaded_error"}  # fmt: skip
         kind = kinds.get(status, "api_error" if status >= 500 else "invalid_request_error")
@@ -222,7 +235,7 @@ class _Handler(BaseHTTPRequestHandler):
             payload: dict[str, Any] = {"error": {"message": message, "type": kind, "param": None, "code": None}}
         else:
             payload = {"type": "error", "error": {"type": kind, "message": message}}
-        self._json(status, payload, {"retry-after": retry_after} if retry_after is not None else None)
+        self._json(status, payload, headers)
 
     def _stream(self, api: Api, turn: Turn, model: str, include_usage: bool) -> None:
         self.send_response(200)

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from lousho.backoff import jittered_s
 from lousho.checkpoint import Checkpoint
 from lousho.errors import CorruptCheckpointError
 from lousho.stores.redis_common import redis_errors, text
@@ -75,6 +76,10 @@ def begin_step(scripts: FleetScripts, session_id: str, lease: Lease, attempt_fie
     return begun_from_reply(scripts, session_id, (lease, attempt_field), reply, started, known)
 
 
+LEASE_POLL_S = 0.02
+"""How often a step that waits for the session's lease tries again (and up to half that again)."""
+
+
 async def begin_when_free(scripts: FleetScripts, session_id: str, lease: Lease, wait_s: float) -> Begun | None:
     """`begin_step`, waiting up to `wait_s` while another step holds the lease; None when it stays busy (the
     caller sends its task again)."""
@@ -82,7 +87,7 @@ async def begin_when_free(scripts: FleetScripts, session_id: str, lease: Lease, 
     while (begun := begin_step(scripts, session_id, lease)) is None:
         if time.monotonic() > deadline:
             return None
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(jittered_s(floor_s=LEASE_POLL_S))  # steps that wait together look apart
     return begun
 
 

@@ -4,14 +4,16 @@
   request it takes one request and the turn's estimated tokens from the model's `RateLimit` (one Lua script,
   fleet/lua/rate_take.lua), waiting with `asyncio.sleep` while the window is full (the event loop goes on with
   the other turns; the step's heartbeat keeps the session's lease); after the answer it corrects the count
-  with the real usage. A vendor's 429 is waited out here too, for `FleetLimits.rate_limited_wait_s`, and
-  the same call is made again: the wait uses up no `RetryPolicy` attempt and no poison attempt (the turn's
-  start was counted once, as its task took the lease), and the turn is generated once, by the answer saved.
+  with the real usage. A vendor's 429 is waited out here too, for `FleetLimits.rate_limited_wait_s` of the
+  runtime's clock from the first 429, each wait at least the vendor's `Retry-After` and an exponential step,
+  with jitter (`lousho.backoff`), and the same call is made again: the wait uses up no `RetryPolicy` attempt
+  and no poison attempt (the turn's start was counted once, as its task took the lease), and the turn is
+  generated once, by the answer saved.
 - `take_slot` / `wait_for_slot` / `settle_slot`: a session's slot among its agent's sessions in flight.
   A model turn that finds none free gives its lease back, takes back the start it counted, and is sent
-  again after `slot_retry_s` (a Celery countdown), its in-flight deadline pushed past that: a worker
-  process is not held by a session that cannot go on, and no turn starves the tool calls that would
-  free a slot. The slot comes back when its session finishes, pauses, parks, is aborted or fails, or
+  again after `slot_retry_s` and up to half that again, drawn at random (a Celery countdown), its in-flight
+  deadline pushed past that: a worker process is not held by a session that cannot go on, and no turn
+  starves the tool calls that would free a slot. The slot comes back when its session finishes, pauses, parks, is aborted or fails, or
   when nothing refreshed it for `slot_ttl_s` (its worker died).
 """
 
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from redis.commands.core import Script
 
+from lousho.backoff import exponential_s, jittered_s
 from lousho.errors import ProviderError, StoreUnavailableError
 from lousho.fleet.dispatch import model_turn_task, send
 from lousho.fleet.limits import (
@@ -59,6 +62,10 @@ __all__ = [
 
 log = logging.getLogger("lousho.worker")
 
+RATE_LIMITED_STEP_S = 1.0
+"""The first exponential step of a turn's waits on a vendor's 429s (`lousho.backoff`), doubled at each 429..."""
+RATE_LIMITED_CAP_S = 30.0
+"""...up to this. A `Retry-After` the vendor sends is a floor the wait keeps."""
 WAITING_MARGIN_MS = 5000
 """A waiter still counts as waiting this long past the end of its wait (it is about to try again)."""
 SLOT_DONE = frozenset({"finished", "awaiting-approval", "parked", "aborted", "unknown-session"})
@@ -103,24 +110,30 @@ class FleetProvider:
         """The inner provider's answer, behind the fleet's rate limit and 429 waits. `whole`: how to ask instead
         (`stream`'s: the inner stream, gathered). No coroutine between the turn and the inner provider's: a step
         in flight holds each frame of its await chain (issue #29)."""
-        limit = self.runtime.limits.rate_limits.get(request.model)
-        waited_s, attempt = 0.0, 0
+        limits, clock = self.runtime.limits, self.runtime.clock
+        limit = limits.rate_limits.get(request.model)
+        first_429_at: float | None = None
+        attempt = 0
         while True:
             taken = await self._take(request.model, limit, estimate_tokens(request)) if limit else None
             try:
                 response = await (whole() if whole is not None else self.inner.generate(request))
             except ProviderError as exc:
-                if exc.status != 429 or waited_s >= self.runtime.limits.rate_limited_wait_s:
+                if exc.status != 429:
+                    raise
+                now = clock.monotonic()
+                first_429_at = now if first_429_at is None else first_429_at
+                left_s = limits.rate_limited_wait_s - (now - first_429_at)
+                if left_s <= 0:
                     raise
                 attempt += 1
-                delay_s = exc.retry_after_s if exc.retry_after_s is not None else min(30.0, 2.0 ** (attempt - 1))
-                delay_s = min(delay_s, self.runtime.limits.rate_limited_wait_s - waited_s)
+                step_s = exponential_s(attempt, base_s=RATE_LIMITED_STEP_S, cap_s=RATE_LIMITED_CAP_S)
+                delay_s = min(jittered_s(floor_s=exc.retry_after_s or 0.0, step_s=step_s), left_s)
                 log.info("session %s: %s; waiting %.1f s, then the same call again", self.session_id, exc, delay_s)
                 if limit is not None and taken is not None:  # the vendor used no tokens; the others wait too
                     self._correct(request.model, taken, -taken[1])
                     self._block(request.model, limit, delay_s)
-                await asyncio.sleep(delay_s)
-                waited_s += delay_s
+                await clock.sleep(delay_s)
                 continue
             if limit is not None and taken is not None and response.usage is not None:
                 used = response.usage.input_tokens + response.usage.output_tokens
@@ -141,7 +154,8 @@ class FleetProvider:
                     )
                 if int(wait_ms) <= 0:
                     return str(start), tokens
-                await asyncio.sleep(int(wait_ms) / 1000 + 0.005)
+                # The turns a full window (or a vendor's 429) holds do not all come back at one instant.
+                await self.runtime.clock.sleep(jittered_s(floor_s=int(wait_ms) / 1000 + 0.005))
         except BaseException:  # aborted while waiting (or Redis failed): no longer waiting
             with redis_errors(self.client, f"stop waiting on the rate limit of model {model!r}"):
                 self.client.zrem(keys[1], self.session_id)
@@ -243,11 +257,12 @@ def note_session(steps: SessionSteps) -> None:
 def wait_for_slot(steps: SessionSteps, turn: int, counted: bool) -> str:
     """No slot is free for model turn `turn`: take back its counted start (waiting is no attempt), push the
     session's in-flight deadline past the wait (the reaper leaves it alone), and send the turn again after
-    `slot_retry_s`. The caller returns, and its step gives the lease back."""
+    `slot_retry_s` with jitter (the turns that found no slot at one instant do not all come back at the next).
+    The caller returns, and its step gives the lease back."""
     runtime = steps.runtime
     if counted:
         steps.count_attempt(f"turn:{turn}", -1)
-    delay_ms = round(runtime.limits.slot_retry_s * 1000)
+    delay_ms = round(jittered_s(floor_s=runtime.limits.slot_retry_s) * 1000)
     runtime.inflight.touch(
         steps.session_id, runtime.inflight.server_time_ms() + delay_ms + runtime.settings.lease_ttl_ms
     )

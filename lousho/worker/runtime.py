@@ -19,6 +19,7 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from lousho.backoff import Clock, MonotonicClock
 from lousho.definition import Agent, ResolvedAgent
 from lousho.errors import ConfigurationError
 from lousho.fleet.inflight import InflightIndex
@@ -67,6 +68,8 @@ class FleetRuntime:
     """Whether `settings.queue` was given, not named after the agents by `create_app` (issue #15)."""
     limits: FleetLimits = field(default_factory=FleetLimits)
     """Fleet-wide limits: rate limits per model, sessions in flight per agent (issue #29)."""
+    clock: Clock = field(default_factory=MonotonicClock)
+    """The time the fleet's waits in a worker read and sleep on (a vendor's 429s, a full rate window)."""
     _loops: threading.local = field(default_factory=threading.local)
     """This thread's event loop, on Celery's pools (`run`)."""
     _made: list[asyncio.AbstractEventLoop] = field(default_factory=list)

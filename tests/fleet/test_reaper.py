@@ -79,7 +79,7 @@ def test_a_requeued_session_is_not_requeued_again_until_its_backoff_passes(fleet
     fleet.redis.delete(*fleet.client.keys.reaper_locks, fleet.client.keys.requeued("once"))  # a worker took it
     second = reap_once(fleet.store, recorder, settings, now_ms=now + 1_000)
     fleet.redis.delete(*fleet.client.keys.reaper_locks)
-    third = reap_once(fleet.store, recorder, settings, now_ms=now + 31_000)
+    third = reap_once(fleet.store, recorder, settings, now_ms=now + 45_001)  # the backoff, and up to half again
 
     assert (first, second, third) == (["once"], [], ["once"])
 
@@ -175,3 +175,20 @@ def test_a_model_turn_that_kills_its_worker_every_time_parks_the_session(fleet: 
     status = fleet.client.status("sick")
     assert status.parked_reason is not None and "model turn" in status.parked_reason
     assert fleet.client.sessions(status="parked") == ["sick"]
+
+
+def test_the_sessions_one_pass_requeues_come_due_again_at_spread_times(fleet: Fleet) -> None:
+    recorder = Recorder(fleet.queue)
+    fleet.client.app = recorder  # type: ignore[assignment]
+    sessions = [f"spread-{i}" for i in range(40)]
+    for session_id in sessions:
+        fleet.client.enqueue("jobs", "go", session_id=session_id, require_worker=False)
+    settings = FleetSettings(queue=fleet.queue, reaper_interval_s=0.001, requeue_backoff_s=30)
+    now = later(fleet)
+
+    assert sorted(reap_once(fleet.store, recorder, settings, now_ms=now)) == sorted(sessions)
+    deadlines = [fleet.redis.zscore(fleet.store.keys.inflight_of(s), s) for s in sessions]
+    after_ms = [int(deadline) - now for deadline in deadlines if deadline is not None]
+    assert len(after_ms) == len(sessions)
+    assert all(30_000 <= ms <= 45_000 for ms in after_ms)  # the backoff, and up to half that again
+    assert len(set(after_ms)) > len(sessions) / 2 and max(after_ms) - min(after_ms) > 5_000
