@@ -38,6 +38,7 @@ __all__ = [
     "SessionAwaitingApprovalError",
     "SessionExistsError",
     "SessionIdTooLongError",
+    "SessionLiveError",
     "SessionNotFoundError",
     "SessionSupersededError",
     "StoreAuthenticationError",
@@ -131,6 +132,23 @@ class SessionNotFoundError(SDKError, LookupError):
     def __init__(self, session_id: str, where: str, hint: str = "list them with `lousho sessions`") -> None:
         super().__init__(f"no session {session_id!r} in {where}; {hint}")
         self.session_id = session_id
+
+
+class SessionLiveError(SDKError):
+    """`delete` of a session a worker is running (a tool call of it runs, its lease is held, or it is in flight
+    within its deadline): nothing is deleted. `--force` (`force=True`) aborts the run first, then deletes it."""
+
+    code = "LOUSHO_SESSION_LIVE"
+
+    def __init__(self, live: dict[str, str]) -> None:
+        """`live`: each live session -> why, in a sentence."""
+        said = "; ".join(f"{session_id!r} is live: {why}" for session_id, why in live.items())
+        ids = " ".join(live)
+        super().__init__(
+            f"{said}; nothing was deleted. Pass --force to abort the run first and then delete it "
+            f"(`lousho delete {ids} --force`), or wait for it to finish"
+        )
+        self.live = dict(live)
 
 
 class StoreNotFoundError(SDKError, LookupError):

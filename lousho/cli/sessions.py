@@ -254,10 +254,15 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         session: Annotated[list[str], typer.Argument(..., help="The sessions to delete (one or more ids).")],
         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted; delete nothing."),
+        force: bool = typer.Option(
+            False, "--force", help="Delete a session a worker is running too: abort its run first, then delete it."
+        ),
+        as_json: bool = typer.Option(False, "--json", help="Print what was deleted as JSON."),
     ) -> None:
         """Delete sessions: checkpoint, history, the approvals they paused on and, on the fleet, every key the
-        fleet keeps for them. Every id is checked first: an unknown one deletes nothing (exit 3)."""
-        _report(delete_sessions(target_of(ctx), list(session), dry_run=dry_run))
+        fleet keeps for them. Every id is checked first: an unknown one deletes nothing (exit 3), nor does a
+        session a worker is running (exit 1) unless --force, which aborts its run first."""
+        _report(delete_sessions(target_of(ctx), list(session), dry_run=dry_run, force=force), as_json)
 
     @app.command()
     def prune(
@@ -269,18 +274,41 @@ def register(app: typer.Typer) -> None:
             ..., "--older-than", metavar="AGE", help="Last saved longer ago than this: 30s, 15m, 12h, 7d, 2w."
         ),
         dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be deleted; delete nothing."),
+        as_json: bool = typer.Option(False, "--json", help="Print what was deleted and kept as JSON."),
     ) -> None:
         """Delete the sessions of a status last saved longer ago than an age: a Ctrl-C'd run left in-progress,
-        a job no worker serves, finished runs past their keep."""
+        a job no worker serves, finished runs past their keep. A session a worker is running is kept (and said)."""
         age = parse_age(older_than)
-        _report(prune_sessions(target_of(ctx), status, age, dry_run=dry_run))
+        _report(prune_sessions(target_of(ctx), status, age, dry_run=dry_run), as_json)
 
 
-def _report(deleted: Deleted) -> None:
-    verb = "would delete" if deleted.dry_run else "deleted"
+def deleted_record(deleted: Deleted) -> dict[str, Any]:
+    """What `delete --json` and `prune --json` print."""
+    return {
+        "dry_run": deleted.dry_run,
+        "deleted": deleted.sessions,
+        "aborted": deleted.aborted,
+        "kept": [
+            {"session_id": session_id, "reason": why.code, "why": why.explanation}
+            for session_id, why in deleted.kept.items()
+        ],
+    }
+
+
+def _report(deleted: Deleted, as_json: bool = False) -> None:
+    if as_json:
+        print_json(deleted_record(deleted))
+        return
+    dry = deleted.dry_run
+    for session_id, why in deleted.kept.items():
+        typer.echo(f"kept {session_id}: it is live, {why.explanation} ({why.code})")
+    for session_id in deleted.aborted:
+        typer.echo(f"would abort the run of {session_id} first" if dry else f"aborted the run of {session_id}")
+    verb = "would delete" if dry else "deleted"
     for session_id in deleted.sessions:
         typer.echo(f"{verb} {session_id}")
-    typer.echo(f"{verb} {len(deleted.sessions)} session(s){' (dry run: nothing changed)' if deleted.dry_run else ''}")
+    kept = f", kept {len(deleted.kept)} live" if deleted.kept else ""
+    typer.echo(f"{verb} {len(deleted.sessions)} session(s){kept}{' (dry run: nothing changed)' if dry else ''}")
 
 
 def _table(records: Sequence[dict[str, Any]]) -> Table:

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from lousho.dashboard.pages import Pages
 from lousho.dashboard.security import check_post, flash
 from lousho.dashboard.views import PAGE_ROWS, STATUSES, DashboardContext, fingerprint_drift, transcript_turns
-from lousho.errors import ConfigurationError, SDKError, SessionNotFoundError, StoreNotFoundError
+from lousho.errors import ConfigurationError, SDKError, SessionLiveError, SessionNotFoundError, StoreNotFoundError
 from lousho.operations import (
     delete_sessions,
     latest_event_id,
@@ -137,16 +137,21 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
 
     @router.post("/sessions/{session_id}/delete", name="delete")
     async def delete(request: Request, session_id: str) -> Response:
-        """`lousho delete SESSION` from the session's page, once its box is ticked (issue #32)."""
+        """`lousho delete SESSION` from the session's page, once its box is ticked (issue #32). A session a worker
+        is running asks a second confirmation (the `force` box): then its run is aborted first, as `--force`."""
         await check_post(request, read_only=ctx.read_only)
         form = await request.form()
         if form.get("confirm") != "on":
             return pages.error(request, 400, "Tick the box to confirm: a deleted session cannot be brought back.")
+        force = form.get("force") == "on"
         try:
-            deleted = await run_in_threadpool(delete_sessions, ctx, [session_id])
+            deleted = await run_in_threadpool(lambda: delete_sessions(ctx, [session_id], force=force))
+        except SessionLiveError as exc:
+            return pages.render(request, "delete_live.html", 409, session_id=session_id, live=exc.live)
         except SDKError as exc:
             return refused(pages, request, exc)
-        note = f"deleted {', '.join(deleted.sessions)}"
+        aborted = " (its run aborted first)" if deleted.aborted else ""
+        note = f"deleted {', '.join(deleted.sessions)}{aborted}"
         return flash(request, RedirectResponse(str(request.url_for("sessions")), status_code=303), note)
 
     @router.post("/prune", name="prune", response_class=HTMLResponse)
@@ -165,4 +170,6 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
         if not confirmed:
             return pages.render(request, "prune.html", found=found, status=status, older_than=older_than)
         note = f"pruned {len(found.sessions)} session(s): {', '.join(found.sessions) or 'none'}"
+        if found.kept:
+            note += f"; kept {len(found.kept)} live: {', '.join(found.kept)}"
         return flash(request, RedirectResponse(str(request.url_for("sessions")), status_code=303), note)

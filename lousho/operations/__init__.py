@@ -6,6 +6,7 @@ and neither imports the other (import contracts in pyproject.toml).
 
 - sessions: `list_sessions`, `show_session`, `session_history`, `compare_sessions`, `delete_sessions`,
   `prune_sessions`
+- liveness: `live_sessions` (whether a worker is running a session, and why: a `LiveReason`)
 - approvals: `pending_approvals`, `pending_count`, `decide_approval`
 - forking: `fork` (a `ForkRequest`), `start_session`
 - jobs: `enqueue`, `wait_until_settled`, `resume_session`, `abort_session`
@@ -23,6 +24,7 @@ from lousho.operations.events import describe_event, latest_event_id, session_ev
 from lousho.operations.fleet import FleetView, fleet_status, live_workers
 from lousho.operations.forking import Forked, ForkRequest, fork, start_session
 from lousho.operations.jobs import Aborted, Resumed, abort_session, enqueue, resume_session, wait_until_settled
+from lousho.operations.liveness import LiveReason, live_sessions
 from lousho.operations.reseal import ResealedSessions, reseal_sessions
 from lousho.operations.sessions import (
     STATUSES,
@@ -47,6 +49,7 @@ __all__ = [
     "Deleted",
     "DriftReport",
     "FleetView",
+    "LiveReason",
     "ForkRequest",
     "Forked",
     "PendingApproval",
@@ -67,6 +70,7 @@ __all__ = [
     "fleet_status",
     "fork",
     "list_sessions",
+    "live_sessions",
     "latest_event_id",
     "live_workers",
     "load_session",

@@ -12,12 +12,14 @@ costs no decryption or message parsing. Rows come newest save first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from lousho.checkpoint import Checkpoint, ForkOrigin, HistoryEntry, get_checkpoint_history, validate_session_id
-from lousho.errors import ConfigurationError, SessionNotFoundError
+from lousho.errors import ConfigurationError, SessionLiveError, SessionNotFoundError
+from lousho.operations.liveness import LiveReason, live_sessions
 from lousho.operations.target import Target, load_session, sync
 from lousho.stores.head_fields import HeadFields, fields_of_checkpoint
 from lousho.stores.listing import Listing, read_each
@@ -27,6 +29,7 @@ __all__ = [
     "CHECKPOINT_STATUSES",
     "STATUSES",
     "Deleted",
+    "LiveReason",
     "SessionPage",
     "SessionRow",
     "SessionStatusChoice",
@@ -34,6 +37,7 @@ __all__ = [
     "compare_sessions",
     "delete_sessions",
     "list_sessions",
+    "live_sessions",
     "prune_sessions",
     "session_history",
     "show_session",
@@ -229,38 +233,74 @@ def compare_sessions(target: Target, a: str, b: str) -> TrajectoryComparison:
 
 @dataclass(frozen=True)
 class Deleted:
-    """What `delete_sessions` and `prune_sessions` removed (or, dry, would remove)."""
+    """What `delete_sessions` and `prune_sessions` removed (or, dry, would remove), and what they kept."""
 
     sessions: list[str]
     dry_run: bool = False
+    kept: dict[str, LiveReason] = field(default_factory=dict)
+    """Prune: the sessions old enough that were kept because they are live, each with why."""
+    aborted: list[str] = field(default_factory=list)
+    """A forced delete: the live sessions whose run it aborted before deleting them (or, dry, would abort)."""
 
 
-def delete_sessions(target: Target, session_ids: list[str], *, dry_run: bool = False) -> Deleted:
+STOP_WAIT_S = 10.0
+"""How long a forced delete waits, after the abort, for a live session's worker to stop, before it deletes."""
+
+
+def delete_sessions(
+    target: Target,
+    session_ids: list[str],
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    stop_wait_s: float = STOP_WAIT_S,
+) -> Deleted:
     """Forget each session: its checkpoint, history, the approvals it paused on and, on a fleet, every key the
     fleet keeps for it (so the reaper never requeues it). Every id is checked first: an unknown one raises
-    `SessionNotFoundError` and nothing is deleted."""
+    `SessionNotFoundError`, and a live one (`live_sessions`) `SessionLiveError`, and nothing is deleted.
+
+    `force`: each live session's run is aborted first (`Client.abort`: its running tools see their signal), and
+    its worker given up to `stop_wait_s` to stop; then it is deleted all the same. A worker still on it commits
+    nothing after that: the session's incarnation (its epoch key) went with it, so its late writes are refused."""
     for session_id in session_ids:
         load_session(target, session_id)
+    live = live_sessions(target, session_ids)
+    if live and not force:
+        raise SessionLiveError({session_id: why.explanation for session_id, why in live.items()})
     if not dry_run:
+        if live:
+            _abort_and_wait(target, list(live), stop_wait_s)
         for session_id in session_ids:
             target.bundle.delete(session_id)
-    return Deleted(list(session_ids), dry_run=dry_run)
+    return Deleted(list(session_ids), dry_run=dry_run, aborted=list(live))
+
+
+def _abort_and_wait(target: Target, session_ids: list[str], stop_wait_s: float) -> None:
+    """Abort each session's run, then wait up to `stop_wait_s` until none of them is live."""
+    client = target.fleet_client("deleting a live session with --force")
+    for session_id in session_ids:
+        client.abort(session_id)
+    deadline = time.monotonic() + stop_wait_s
+    while live_sessions(target, session_ids) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def prune_sessions(target: Target, status: str, older_than: timedelta, *, dry_run: bool = False) -> Deleted:
     """Delete the sessions of `status` last saved longer than `older_than` ago (a Ctrl-C'd run left
     in-progress, a job no worker serves, finished runs past their keep). A session whose last save time cannot
-    be read is kept."""
+    be read is kept, and so is a live one (`live_sessions`: a worker is running it), named in `kept` with why."""
     if older_than < timedelta(0):
         raise ConfigurationError(f"--older-than is an age, not a negative time ({older_than})")
     cutoff = datetime.now(UTC) - older_than
     ids, _ = _statuses(target, status, target.parked_reasons())
     heads = read_heads(target, list(ids))  # the listing's save times: its age column and prune agree
     old = [h.session_id for h in heads if h.saved_at is not None and _saved_key(h) < cutoff]
+    live = live_sessions(target, old)
+    stopped = [session_id for session_id in old if session_id not in live]
     if not dry_run:
-        for session_id in old:
+        for session_id in stopped:
             target.bundle.delete(session_id)
-    return Deleted(old, dry_run=dry_run)
+    return Deleted(stopped, dry_run=dry_run, kept=live)
 
 
 def require_session(target: Target, session_id: str) -> None:

@@ -159,6 +159,26 @@ async def hold(args: Hold, ctx: ToolContext) -> dict[str, Any]:
     return {"seen": int(redis.get(key("gathered")) or 0), "pid": os.getpid()}
 
 
+class Gate(BaseModel):
+    n: int
+
+
+async def gate(args: Gate, ctx: ToolContext) -> dict[str, Any]:
+    """A call that runs until the test opens its gate (key `open:<call id>`), its start marked (`count_run`: the
+    hash `ran-on`) and its end (the hash `returned`: its pid). The test's `stubborn:<call id>` makes it ignore
+    an abort (it swallows the cancellation and goes on), as a tool deaf to its signal does."""
+    count_run(ctx.tool_call_id)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not redis.exists(key(f"open:{ctx.tool_call_id}")):
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if not redis.exists(key(f"stubborn:{ctx.tool_call_id}")):
+                raise
+    redis.hset(key("returned"), ctx.tool_call_id, os.getpid())
+    return {"n": args.n, "gated": True}
+
+
 def charge(args: Charge, ctx: ToolContext) -> dict[str, Any]:
     count_run(ctx.tool_call_id)
     return {"charged": args.amount, "idempotency_key": ctx.tool_call_id}
@@ -258,6 +278,7 @@ agent = Agent(
         define_tool(name="mail_fail", description="Send mail", input=Work, execute=work, on_interrupted="fail"),
         define_tool(name="echo", description="Say it back", input=Echo, execute=echo),
         define_tool(name="hold", description="Wait for the others", input=Hold, execute=hold),
+        define_tool(name="gate", description="Wait for the test", input=Gate, execute=gate),
     ],
     tool_concurrency=int(os.environ.get("LOUSHO_TEST_TOOL_CONCURRENCY", "2")),
 )
