@@ -524,3 +524,33 @@ def test_a_live_tables_poll_leaves_the_flash_message_for_the_page(dashboard: tup
     page = browser.get("/").text
     assert "deleted trip" in page
     assert "deleted trip" not in browser.get("/").text  # shown once
+
+
+@pytest.mark.workers  # a real worker runs the session the pages are asked to delete
+def test_the_prune_page_keeps_a_live_session_and_its_delete_asks_a_second_confirmation(fleet: Any) -> None:
+    """A session whose tool call runs: the prune page lists it as kept and why, and deletes nothing; its delete
+    button answers with a second confirmation (the `force` box), which aborts the run and then deletes it."""
+    from tests.fixtures.live_sessions import session_keys_left, start_gated_run
+
+    target = start_gated_run(fleet, "busy", "g1")
+    browser = TestClient(create_dashboard(target.bundle, client=fleet.client))
+    form = {"csrf_token": token_of(browser.get("/").text), "status": "in-progress", "older_than": "0s"}
+
+    preview = browser.post("/prune", data=form)
+    kept = preview.text.split('id="prune-kept"')[1].split("</ul>")[0]
+    assert ">busy<" in kept and "tool calls" in kept and "tool-call-running" in kept
+    assert 'id="prune-candidates"' not in preview.text
+    done = browser.post("/prune", data={**form, "confirm": "on"}, follow_redirects=True)
+    assert "pruned 0 session(s): none; kept 1 live: busy" in done.text
+    assert fleet.store.checkpoints.load("busy") is not None
+
+    token = token_of(browser.get("/sessions/busy").text)
+    asked = browser.post("/sessions/busy/delete", data={"csrf_token": token, "confirm": "on"})
+    assert asked.status_code == 409 and 'id="delete-force"' in asked.text and "tool calls" in asked.text
+    assert fleet.store.checkpoints.load("busy") is not None  # nothing deleted before the second confirmation
+    forced = browser.post(
+        "/sessions/busy/delete", data={"csrf_token": token_of(asked.text), "confirm": "on", "force": "on"},
+        follow_redirects=True,
+    )  # fmt: skip
+    assert forced.status_code == 200 and "deleted busy (its run aborted first)" in forced.text
+    assert session_keys_left(fleet.store, "busy") == []

@@ -12,30 +12,23 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from lousho import Message, SessionLiveError
+from lousho import SessionLiveError
 from lousho.cli import app as cli_app
 from lousho.errors import SessionLiveError as SessionLiveErrorOfErrors
-from lousho.operations import LiveReason, Target, delete_sessions, live_sessions, prune_sessions
+from lousho.operations import LiveReason, delete_sessions, live_sessions, prune_sessions
 from lousho.testing.store_contract import sample_checkpoint
 from tests.engine.helpers import assert_valid_transcript
-from tests.fixtures.live_sessions import all_logs, session_keys_left, wait_for
-from tests.fleet.conftest import Fleet, tool_turn
+from tests.fixtures.live_sessions import (
+    all_logs,
+    open_gate,
+    session_keys_left,
+    start_gated_run,
+    tool_task_ended,
+    wait_for,
+)
+from tests.fleet.conftest import Fleet
 
 pytestmark = pytest.mark.workers  # it starts Celery worker processes (tests/fixtures/workers.py)
-
-
-def start_gated_run(fleet: Fleet, session_id: str, call_id: str) -> Target:
-    """`session_id` runs one `gate` call, `call_id`, then answers; back once the call runs (its worker marked it)."""
-    fleet.script(session_id, [tool_turn((call_id, "gate", {"n": 7})), Message.assistant("done")])
-    if not fleet.workers:
-        fleet.start_worker()
-    fleet.client.enqueue("jobs", "go", session_id=session_id)
-    fleet.pid_running(call_id, timeout_s=60)
-    return Target(fleet.client.store, fleet.client)
-
-
-def open_gate(fleet: Fleet, call_id: str) -> None:
-    fleet.redis.set(fleet.key(f"open:{call_id}"), 1)
 
 
 def cli(fleet: Fleet, *args: str, ok: bool = True) -> Any:
@@ -44,11 +37,6 @@ def cli(fleet: Fleet, *args: str, ok: bool = True) -> Any:
     result = CliRunner().invoke(cli_app, list(args), env=env)
     assert (result.exit_code == 0) is ok, (args, result.output, result.exception)
     return result
-
-
-def tool_task_ended(fleet: Fleet, call_id: str) -> bool:
-    """Whether a worker logged the end of `call_id`'s task (Celery's 'succeeded' line: its commit is behind it)."""
-    return any(f"/tool/{call_id}" in line and "succeeded" in line for w in fleet.workers for line in w.log().splitlines())
 
 
 def test_prune_keeps_a_session_whose_tool_call_runs_and_its_run_finishes_with_every_guarantee(fleet: Fleet) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from lousho import Agent, AgentExecutor, agent_tool
 from lousho.checkpoint import ForkOrigin
 from lousho.messages import Message
-from lousho.operations import Target, list_sessions, pending_approvals
+from lousho.operations import LiveReason, Target, list_sessions, live_sessions, pending_approvals, prune_sessions
 from lousho.providers import ScriptedProvider, tool_calls
 from lousho.stores.file import FileStore
 from lousho.stores.redis import RedisStore
@@ -165,6 +166,44 @@ def test_resume_says_when_nothing_is_pending_and_sends_nothing(redis_store: Redi
     assert "done is finished: nothing to resume, nothing changed" in said
     assert "resumed" not in said
     assert redis_store.client.llen(queue) == 0  # no message sent
+
+
+def test_off_a_fleet_no_session_is_live_and_prune_and_delete_take_a_fresh_run(tmp_path: Path) -> None:
+    """An SQLite store holds no lease another process can read: a run just saved in-progress is not live there."""
+    store = SqliteStore(tmp_path / "jobs.db")
+    for session in ("fresh-1", "fresh-2"):
+        store.checkpoints.save(session, sample_checkpoint(session, status="in-progress"))
+    assert live_sessions(Target(store), ["fresh-1", "fresh-2"]) == {}
+    pruned = prune_sessions(Target(store), "in-progress", timedelta(0))
+    assert pruned.sessions == ["fresh-1", "fresh-2"] and pruned.kept == {}
+    store.checkpoints.save("fresh-3", sample_checkpoint("fresh-3", status="in-progress"))
+    assert "deleted fresh-3" in lousho("delete", "fresh-3", env=sqlite_env(tmp_path / "jobs.db")).stdout
+    assert store.sessions() == []
+    store.close()
+
+
+def test_a_session_queued_for_a_worker_is_live_until_its_in_flight_deadline_passes(
+    redis_store: RedisStore, redis_url: str
+) -> None:
+    """No worker: an enqueued session waits in flight, its deadline ahead (Redis server time); once that deadline
+    is behind (moved by the test, as a worker gone for good leaves it), it is not live and prune takes it."""
+    from lousho.fleet.inflight import InflightIndex
+    from lousho.scheduler.client import Client
+    from lousho.worker import FleetSettings, broker_url
+
+    queue = f"{redis_store.prefix}q"
+    client = Client(broker=broker_url(redis_url), store=redis_store, settings=FleetSettings(queue=queue))
+    client.enqueue("helper", "go", session_id="queued", require_worker=False)
+    target = Target(client.store, client)
+    assert live_sessions(target, ["queued"]) == {"queued": LiveReason.IN_FLIGHT}
+    assert prune_sessions(target, "in-progress", timedelta(0)).kept == {"queued": LiveReason.IN_FLIGHT}
+
+    inflight = InflightIndex.of(redis_store, 0)
+    inflight.touch("queued", deadline_ms=inflight.server_time_ms() - 1)
+    assert live_sessions(target, ["queued"]) == {}
+    assert prune_sessions(target, "in-progress", timedelta(0)).sessions == ["queued"]
+    assert redis_store.checkpoints.load("queued") is None
+    redis_store.client.delete(queue)
 
 
 # (6) forked_from stored with every fork
