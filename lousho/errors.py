@@ -20,6 +20,7 @@ __all__ = [
     "CorruptCheckpointError",
     "InvalidDecisionError",
     "InputTooLargeError",
+    "InvalidEventIdError",
     "InvalidInputError",
     "InvalidProviderAnswerError",
     "InvalidSessionIdError",
@@ -93,6 +94,14 @@ class InputTooLargeError(InvalidInputError):
             f"FleetSettings.{setting}, LOUSHO_{setting.upper()}); nothing was written. Send less, or raise the limit"
         )
         self.what, self.size, self.limit = what, size, limit
+
+
+class InvalidEventIdError(InvalidInputError):
+    """An event id (`Client.events(after=...)`, a browser's `Last-Event-ID`) that is no id of a session's stream:
+    not `<ms>-<n>`, or a part past 2^64-1, the range of Redis stream ids. Refused before Redis is asked; the
+    message tells the id's length and the rule, never the id. Its code is `InvalidInputError`'s."""
+
+    code = "LOUSHO_INVALID_INPUT"
 
 
 class SessionIdTooLongError(InvalidSessionIdError, InputTooLargeError):

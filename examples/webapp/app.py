@@ -44,6 +44,7 @@ from lousho.errors import (
     ConfigurationError,
     InputTooLargeError,
     InvalidDecisionError,
+    InvalidEventIdError,
     InvalidInputError,
     InvalidSessionIdError,
     SDKError,
@@ -117,6 +118,7 @@ _STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
     (SessionAwaitingApprovalError, 409),
     (InvalidSessionIdError, 422),
     (InputTooLargeError, 413),
+    (InvalidEventIdError, 400),  # a header (Last-Event-ID), not the body: answered before the stream starts
     (InvalidInputError, 422),
     (InvalidDecisionError, 422),
     (StoreUnavailableError, 503),
@@ -215,9 +217,9 @@ def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 
     ) -> StreamingResponse:
         """Server-Sent Events: each event's `id` is its stream id, so a browser that reconnects sends it back as
         `Last-Event-ID` and goes on after it. Ends with an `end` event once the run pauses or finishes."""
+        feed = client.events(session_id, after=last_event_id or None)  # a bad id: a 400, before the stream
         if client.status(session_id).status == "unknown":
             raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
-        feed = client.events(session_id, after=last_event_id or None)
 
         async def body() -> AsyncIterator[str]:
             yield "retry: 1000\n\n"

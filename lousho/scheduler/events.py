@@ -16,19 +16,36 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, cast
 
-from lousho.errors import ConfigurationError, InvalidInputError
+from lousho.errors import ConfigurationError, InvalidEventIdError
 from lousho.fleet.events import ENDING_KINDS, SessionEvent, events_key
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors
 
-__all__ = ["EventFeed"]
+__all__ = ["EventFeed", "validate_event_id"]
 
-EVENT_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+EVENT_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 """A stream entry id, as `after=` (a browser's `Last-Event-ID`) takes it."""
+MAX_EVENT_ID_PART = 2**64 - 1
+"""The largest of either part of an event id: Redis refuses a stream id past it."""
 BATCH = 500
+"""The most entries one read returns."""
 GRACE_S = 0.2
 """How long after seeing the run stopped a feed waits for the stopping task's last events (`next_batch`)."""
-"""The most entries one read returns."""
+
+
+def validate_event_id(event_id: object) -> str:
+    """`event_id` as an id of a session's event stream, or `InvalidEventIdError`: the one check of every reader's
+    `after` (`Client.events`, the web example's and the dashboard's `Last-Event-ID`), made before Redis is asked,
+    which would refuse an id out of its range. The error tells the id's length, never the id: a header is
+    whatever was sent."""
+    match = EVENT_ID.fullmatch(event_id) if isinstance(event_id, str) else None
+    if match is None or any(int(part) > MAX_EVENT_ID_PART for part in match.groups()):
+        given = f"{len(event_id)} characters" if isinstance(event_id, str) else type(event_id).__name__
+        raise InvalidEventIdError(
+            f"the event id given ({given}) is not one of the stream: after= (and Last-Event-ID) takes an event's "
+            f".id, '<ms>-<n>', two whole numbers of at most {MAX_EVENT_ID_PART} each; nothing was read"
+        )
+    return match.group(0)
 
 
 class EventFeed:
@@ -49,10 +66,8 @@ class EventFeed:
     ) -> None:
         if block_s <= 0:
             raise ConfigurationError(f"block_s must be positive, not {block_s}")
-        if after is not None and not EVENT_ID.fullmatch(after):
-            raise InvalidInputError(
-                f"after= takes an event id of the stream ('<ms>-<n>', an event's .id), not {after[:60]!r}"
-            )
+        if after is not None:
+            validate_event_id(after)
         self.store = store
         self.session_id = session_id
         self.key = events_key(store, session_id)

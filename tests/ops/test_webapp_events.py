@@ -51,7 +51,7 @@ async def test_the_events_endpoint_streams_the_answer_and_a_reconnect_with_last_
 
         assert (await http.get("/jobs/nobody/events")).status_code == 404
         bad = await http.get("/jobs/sse-1/events", headers={"Last-Event-ID": "not-an-id"})
-        assert bad.status_code == 422 and bad.json()["error"] == "LOUSHO_INVALID_INPUT"
+        assert bad.status_code == 400 and bad.json()["error"] == "LOUSHO_INVALID_INPUT"
 
 
 @pytest.mark.slow
