@@ -82,15 +82,16 @@ class InvalidInputError(SDKError, ValueError):
 
 
 class InputTooLargeError(InvalidInputError):
-    """A job's input, agent name or session id over its configured limit (`FleetSettings.max_input_chars`,
-    `max_agent_name_chars`, `max_session_id_chars`); refused before anything is written. The message says how
-    large and what the limit is, never the value itself (issue #31)."""
+    """A job's input, business state, agent name or session id over its configured limit
+    (`FleetSettings.max_input_chars`, `max_input_messages`, `max_business_state_chars`, `max_agent_name_chars`,
+    `max_session_id_chars`); refused before anything is written. The message says how large (in `unit`) and what
+    the limit is, never the value itself (issue #31)."""
 
     code = "LOUSHO_INPUT_TOO_LARGE"
 
-    def __init__(self, what: str, size: int, limit: int, setting: str) -> None:
+    def __init__(self, what: str, size: int, limit: int, setting: str, *, unit: str = "characters") -> None:
         super().__init__(
-            f"the {what} has {size:,} characters, over the limit of {limit:,} ({setting}: "
+            f"the {what} has {size:,} {unit}, over the limit of {limit:,} ({setting}: "
             f"FleetSettings.{setting}, LOUSHO_{setting.upper()}); nothing was written. Send less, or raise the limit"
         )
         self.what, self.size, self.limit = what, size, limit

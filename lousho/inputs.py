@@ -91,11 +91,11 @@ def validate_input(value: object, stored: Checkpoint | None) -> list[Message]:
     return messages
 
 
-def validate_business_state(value: Any) -> None:
-    """`InvalidInputError` for a business state no store can save (not JSON, or text that is not valid Unicode),
-    before anything is written (issue #31)."""
+def validate_business_state(value: Any) -> int:
+    """The business state's size in characters of JSON, or `InvalidInputError` for one no store can save (not
+    JSON, or text that is not valid Unicode), before anything is written (issue #31)."""
     try:
-        to_json(value)
+        return len(to_json(value).decode())
     except PydanticSerializationError as exc:
         raise InvalidInputError(
             f"business_state cannot be stored ({str(exc)[:200]}); nothing was written. Pass JSON: dicts, lists, "

@@ -91,6 +91,10 @@ class FleetSettings:
     max_input_chars: int = 8_000_000
     """The most characters of one job's input: its messages' text and tool-call arguments, all together (the
     default is above any model's context window)."""
+    max_input_messages: int = 10_000
+    """The most messages one job's input may hold."""
+    max_business_state_chars: int = 1_000_000
+    """The longest `business_state` a job may carry, in characters of its JSON."""
     max_agent_name_chars: int = 200
     """The longest agent name a job may name."""
     max_session_id_chars: int = 200

@@ -24,10 +24,8 @@ from lousho.errors import (
     AgentNotServedError,
     CheckpointConflictError,
     ConfigurationError,
-    InputTooLargeError,
     SDKError,
     SessionAwaitingApprovalError,
-    SessionIdTooLongError,
     StoreUnavailableError,
 )
 from lousho.fleet.dispatch import send_advance, send_model_turn, turn_number
@@ -37,10 +35,11 @@ from lousho.fleet.keys import FleetKeys
 from lousho.fleet.registry import WorkerRegistry, agent_of
 from lousho.fleet.settings import FleetSettings, celery_config
 from lousho.fleet.transport import AMQP
-from lousho.inputs import add_input_to_unfinished, continue_finished, validate_business_state, validate_input
-from lousho.messages import Message, text_chars
+from lousho.inputs import add_input_to_unfinished, continue_finished, validate_input
+from lousho.messages import Message
 from lousho.redaction import redact_secrets, redact_url, url_secrets
 from lousho.scheduler.events import EventFeed
+from lousho.scheduler.job_limits import check_input_chars, check_job_size, check_name_lengths
 from lousho.stores.listing import Listing
 from lousho.stores.redis import RedisStore
 from lousho.stores.redis_common import redis_errors, text
@@ -110,16 +109,17 @@ class Client:
         queue, or, with none named, the session waits until the reaper sees a worker serving its agent
         (issue #15).
 
-        An input, agent name or session id over `settings.max_input_chars`, `max_agent_name_chars` or
+        An input over `settings.max_input_chars` (its text) or `max_input_messages`, a business state over
+        `max_business_state_chars` (its JSON), an agent name or session id over `max_agent_name_chars` or
         `max_session_id_chars` raises `InputTooLargeError`, which names no part of it (issue #31)."""
-        self._check_name_lengths(agent_name, session_id)
+        check_name_lengths(self.settings, agent_name, session_id)
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
-        validate_business_state(business_state)  # before the session's epoch is written (issue #31)
+        check_job_size(self.settings, input, business_state)  # before the session's epoch is written (issue #31)
         queue: str | None = None
         for attempt in range(1, ENQUEUE_ATTEMPTS + 1):
             stored = self.store.checkpoints.load(session_id)
             messages = validate_input(input, stored)  # before anything is written (issue #21)
-            self._check_input_size(messages)
+            check_input_chars(self.settings, messages)
             if attempt == 1:
                 queue = self._queue_for(agent_name, require_worker)  # before anything is written (issue #15)
             job = self._job_checkpoint(session_id, agent_name, stored, messages, business_state)
@@ -159,23 +159,6 @@ class Client:
         if stored.status == "in-progress":
             return add_input_to_unfinished(stored, messages)
         return continue_finished(stored, messages)
-
-    def _check_name_lengths(self, agent_name: object, session_id: object) -> None:
-        """Names over their limits refused before they are used, or shown in an error (issue #31)."""
-        settings = self.settings
-        if isinstance(agent_name, str) and len(agent_name) > settings.max_agent_name_chars:
-            raise InputTooLargeError(
-                "agent name", len(agent_name), settings.max_agent_name_chars, "max_agent_name_chars"
-            )
-        if isinstance(session_id, str) and len(session_id) > settings.max_session_id_chars:
-            raise SessionIdTooLongError(
-                "session id", len(session_id), settings.max_session_id_chars, "max_session_id_chars"
-            )
-
-    def _check_input_size(self, messages: list[Message]) -> None:
-        size = text_chars(messages)
-        if size > self.settings.max_input_chars:
-            raise InputTooLargeError("input", size, self.settings.max_input_chars, "max_input_chars")
 
     def _queue_for(self, agent_name: str, require_worker: bool) -> str | None:
         """Where a job of `agent_name` goes (None: nowhere yet, the reaper sends it); `AgentNotServedError`
