@@ -187,13 +187,17 @@ async def get_checkpoint_history(
 _SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:@=+-]{0,199}")
 
 
+SESSION_ID_RULE = "use 1-200 characters of letters, digits and _ . : @ = + - (starting with a letter, digit or _)"
+"""What a session id must be, as `InvalidSessionIdError.rule` says it."""
+
+
 def validate_session_id(session_id: object) -> str:
     """Refuse ids that keys and task ids cannot carry (`{`, `}`, `/`, `*`, spaces, over 200 chars)."""
     if not isinstance(session_id, str) or not _SESSION_ID.fullmatch(session_id):
-        raise InvalidSessionIdError(
-            f"session id {str(session_id)[:80]!r} is not allowed: use 1-200 characters of letters, "
-            "digits and _ . : @ = + - (starting with a letter, digit or _)"
-        )
+        error = InvalidSessionIdError(f"session id {str(session_id)[:80]!r} is not allowed: {SESSION_ID_RULE}")
+        error.length = len(session_id) if isinstance(session_id, str) else None
+        error.rule = SESSION_ID_RULE
+        raise error
     return session_id
 
 

@@ -73,6 +73,11 @@ class InvalidSessionIdError(SDKError, ValueError):
     """A session id that stores and task ids cannot carry safely."""
 
     code = "LOUSHO_INVALID_SESSION_ID"
+    length: int | None = None
+    """The refused id's length in characters (None: it is no text): what an answer to whoever sent it may say
+    instead of the id, which the message quotes."""
+    rule: str = ""
+    """What a session id must be (`lousho.checkpoint.SESSION_ID_RULE`)."""
 
 
 class InvalidInputError(SDKError, ValueError):

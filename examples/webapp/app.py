@@ -20,11 +20,12 @@ it imports no agent code, so it deploys apart from the workers and never runs a 
 Limits (issue #31): a request body over `max_body_bytes` (default 16 MiB) is a 413 before it is read; a job's
 input, agent name or session id over the `Client`'s `FleetSettings.max_input_chars`, `max_agent_name_chars`,
 `max_session_id_chars` (`LOUSHO_MAX_INPUT_CHARS`, ...) is a 413 (`LOUSHO_INPUT_TOO_LARGE`). No error answer
-quotes what was sent.
+quotes what was sent: it says its length and the rule (`public_detail`); a bad `Last-Event-ID` is a 400.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -54,9 +55,10 @@ from lousho.errors import (
 from lousho.scheduler import Client, SessionStatus
 from lousho.settings import LoushoSettings
 
-__all__ = ["app", "create_app", "get_client"]
+__all__ = ["app", "create_app", "get_client", "public_detail"]
 
 STATIC = Path(__file__).parent / "static"
+log = logging.getLogger("examples.webapp")
 
 
 class JobIn(BaseModel):
@@ -129,6 +131,42 @@ _STATUS_OF_ERROR: list[tuple[type[SDKError], int]] = [
 ]
 
 
+def public_detail(exc: SDKError) -> str:
+    """What an error answer says: made from the error's type and its safe fields (sizes, limits, rules, ids the
+    fleet made), never from a message that may quote what was sent (a session id, an agent name, a decision's
+    note). The whole error goes to the server's log instead."""
+    if isinstance(exc, InputTooLargeError | InvalidEventIdError):
+        return str(exc.args[0])  # sizes, limits and rules only
+    if isinstance(exc, InvalidSessionIdError):
+        given = "it is no text" if exc.length is None else f"{exc.length} characters"
+        return f"the session id ({given}) is not allowed: {exc.rule}"
+    if isinstance(exc, AgentNotServedError):
+        served = sorted({agent for agents in exc.served.values() for agent in agents})
+        return (
+            f"no live worker serves the agent named (a name of {len(exc.agent)} characters) where this app sends "
+            f"jobs; nothing was enqueued. Agents served: {', '.join(served) or 'none'}. Check the agent's name, "
+            "or start a worker that serves it"
+        )
+    if isinstance(exc, SessionAwaitingApprovalError):
+        return f"the session waits on approval {exc.approval_id}: decide it (POST /approvals/{exc.approval_id}) first"
+    if isinstance(exc, InvalidDecisionError):
+        return (
+            'a decision is {"approved": true or false, "note": text or null}; "action" ("rerun", "record" with '
+            '"result", "fail") only decides an approval of kind "interrupted"; nothing was recorded'
+        )
+    if isinstance(exc, InvalidInputError):
+        return str(exc.args[0])  # about the input's shape: a job's input is text, whose messages quote none of it
+    return _GENERIC_DETAIL.get(type(exc), f"the request was refused ({exc.code}); the server's log says why")
+
+
+_GENERIC_DETAIL: dict[type[SDKError], str] = {
+    ApprovalNotFoundError: "no approval has this id; GET /approvals lists the pending ones",
+    ApprovalAlreadyResolvedError: "the approval was already decided; its call is not run again",
+    StoreUnavailableError: "the fleet's store did not answer; try again (the server's log says why)",
+    ConfigurationError: "the app cannot reach its fleet as configured; the server's log says why",
+}
+
+
 def get_client(request: Request) -> Client:
     """The app's `Client`: the one given to `create_app`, else one from the environment (`LoushoSettings`)."""
     client: Client | None = getattr(request.app.state, "client", None)
@@ -197,7 +235,8 @@ def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 
     @api.exception_handler(SDKError)
     async def sdk_error(request: Request, exc: SDKError) -> JSONResponse:
         status = next((code for kind, code in _STATUS_OF_ERROR if isinstance(exc, kind)), 400)
-        return JSONResponse(status_code=status, content={"error": exc.code, "detail": exc.args[0]})
+        log.log(logging.WARNING if status >= 500 else logging.INFO, "%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=status, content={"error": exc.code, "detail": public_detail(exc)})
 
     @api.post("/jobs", status_code=202)
     def enqueue(job: JobIn, client: ClientDep) -> JobOut:
@@ -208,7 +247,7 @@ def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 
     def status(session_id: str, client: ClientDep) -> SessionStatus:
         found = client.status(session_id)
         if found.status == "unknown":
-            raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
+            raise HTTPException(status_code=404, detail="no job has this session id")
         return found
 
     @api.get("/jobs/{session_id}/events")
@@ -219,7 +258,7 @@ def create_app(client: Client | None = None, *, max_body_bytes: int = 16 * 1024 
         `Last-Event-ID` and goes on after it. Ends with an `end` event once the run pauses or finishes."""
         feed = client.events(session_id, after=last_event_id or None)  # a bad id: a 400, before the stream
         if client.status(session_id).status == "unknown":
-            raise HTTPException(status_code=404, detail=f"no job {session_id!r}")
+            raise HTTPException(status_code=404, detail="no job has this session id")
 
         async def body() -> AsyncIterator[str]:
             yield "retry: 1000\n\n"
