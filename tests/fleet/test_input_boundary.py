@@ -4,16 +4,15 @@ is written to Redis or sent to the queue. The Client needs no worker to refuse, 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
-import redis
 
 from lousho import Checkpoint, InvalidDecisionError, Message, SDKError, ToolCall
 from lousho.errors import InvalidInputError
 from lousho.testing.store_contract.samples import sample_snapshot
 from tests.chaos.test_bad_input import session_dump
+from tests.fixtures.redis_dump import prefix_dump
 from tests.fleet.conftest import Fleet
 
 CALL = {"id": "c1", "name": "work", "arguments": {"n": 2}}
@@ -31,12 +30,6 @@ REFUSED_ANYWHERE: list[Any] = [
 ]
 REFUSED_FOR_A_NEW_SESSION: list[Any] = [None, [], [{"role": "assistant", "content": "Hello!"}]]
 LAX_DECISIONS: list[Any] = ["no", 0, "false", "off", "yes", 1, None, "maybe", 2]
-
-
-def prefix_dump(client: redis.Redis, prefix: str, queue: str) -> dict[bytes, bytes | None]:
-    """A DUMP of every key under the test's prefix, and the queue's length: all that a write or a send changes."""
-    keys = sorted(client.scan_iter(match=re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*", count=1000))
-    return {**{k: client.dump(k) for k in keys}, b"queue length": str(client.llen(queue)).encode()}
 
 
 def everything(fleet: Fleet) -> dict[bytes, bytes | None]:

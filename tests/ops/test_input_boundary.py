@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from lousho.testing.store_contract.samples import sample_snapshot
-from tests.fleet.test_input_boundary import prefix_dump
+from tests.fixtures.redis_dump import prefix_dump
 from tests.ops.conftest import DemoFleet, cli_env
 from tests.ops.test_cli import assert_one_line_error, lousho
 

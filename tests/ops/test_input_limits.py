@@ -17,7 +17,7 @@ from lousho.scheduler import Client
 from lousho.settings import LoushoSettings
 from lousho.stores.redis import RedisStore
 from lousho.worker import FleetSettings, broker_url
-from tests.fleet.test_input_boundary import prefix_dump
+from tests.fixtures.redis_dump import prefix_dump
 
 SECRET_PART = "Sk-SECRET"  # what an error must not send back
 
@@ -28,6 +28,13 @@ def limited(redis_url: str, redis_prefix: str, redis_client: redis.Redis) -> Cli
         queue=f"{redis_prefix}q", max_input_chars=1000, max_agent_name_chars=20, max_session_id_chars=30,
         max_input_messages=5, max_business_state_chars=100,
     )  # fmt: skip
+    return Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix), settings=settings)
+
+
+@pytest.fixture
+def default_client(redis_url: str, redis_prefix: str, redis_client: redis.Redis) -> Client:
+    """A client with the default limits."""
+    settings = FleetSettings(queue=f"{redis_prefix}q")
     return Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix), settings=settings)
 
 
@@ -109,11 +116,8 @@ def test_what_is_within_the_limits_is_enqueued(limited: Client) -> None:
     assert checkpoint is not None and checkpoint.business_state == state and len(checkpoint.pending_input) == 5
 
 
-def test_the_default_limits_refuse_a_30_mb_input_and_a_1_mb_agent_name(
-    redis_url: str, redis_prefix: str, redis_client: redis.Redis
-) -> None:
-    client = Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix),
-                    settings=FleetSettings(queue=f"{redis_prefix}q"))  # fmt: skip
+def test_the_default_limits_refuse_a_30_mb_input_and_a_1_mb_agent_name(default_client: Client) -> None:
+    client = default_client
 
     with pytest.raises(InputTooLargeError, match="input has 31,457,280 characters"):
         client.enqueue("jobs", "x" * 30 * 1024 * 1024, require_worker=False)
@@ -121,11 +125,8 @@ def test_the_default_limits_refuse_a_30_mb_input_and_a_1_mb_agent_name(
         client.enqueue("y" * 1024 * 1024, "hi", require_worker=False)
 
 
-def test_the_default_limits_refuse_a_9_m_character_business_state_and_100_000_messages(
-    redis_url: str, redis_prefix: str, redis_client: redis.Redis
-) -> None:
-    client = Client(broker=broker_url(redis_url), store=RedisStore(redis_client, prefix=redis_prefix),
-                    settings=FleetSettings(queue=f"{redis_prefix}q"))  # fmt: skip
+def test_the_default_limits_refuse_a_9_m_character_business_state_and_100_000_messages(default_client: Client) -> None:
+    client = default_client
 
     with pytest.raises(InputTooLargeError, match="business_state has 9,000,002 characters of JSON"):
         client.enqueue("jobs", "hi", business_state="x" * 9_000_000, require_worker=False)
