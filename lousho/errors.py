@@ -90,7 +90,7 @@ class InputTooLargeError(InvalidInputError):
     """A job's input, business state, agent name or session id over its configured limit
     (`FleetSettings.max_input_chars`, `max_input_messages`, `max_business_state_chars`, `max_agent_name_chars`,
     `max_session_id_chars`); refused before anything is written. The message says how large (in `unit`) and what
-    the limit is, never the value itself (issue #31)."""
+    the limit is, never the value itself."""
 
     code = "LOUSHO_INPUT_TOO_LARGE"
 

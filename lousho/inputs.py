@@ -93,7 +93,7 @@ def validate_input(value: object, stored: Checkpoint | None) -> list[Message]:
 
 def validate_business_state(value: Any) -> int:
     """The business state's size in characters of JSON, or `InvalidInputError` for one no store can save (not
-    JSON, or text that is not valid Unicode), before anything is written (issue #31)."""
+    JSON, or text that is not valid Unicode), before anything is written."""
     try:
         return len(to_json(value).decode())
     except PydanticSerializationError as exc:

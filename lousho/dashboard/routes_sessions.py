@@ -137,7 +137,7 @@ def add_routes(router: APIRouter, ctx: DashboardContext, pages: Pages) -> None:
 
     @router.post("/sessions/{session_id}/delete", name="delete")
     async def delete(request: Request, session_id: str) -> Response:
-        """`lousho delete SESSION` from the session's page, once its box is ticked (issue #32). A session a worker
+        """`lousho delete SESSION` from the session's page, once its box is ticked. A session a worker
         is running asks a second confirmation (the `force` box): then its run is aborted first, as `--force`."""
         await check_post(request, read_only=ctx.read_only)
         form = await request.form()

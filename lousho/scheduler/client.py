@@ -114,7 +114,7 @@ class Client:
         `max_session_id_chars` raises `InputTooLargeError`, which names no part of it (issue #31)."""
         check_name_lengths(self.settings, agent_name, session_id)
         session_id = validate_session_id(f"job-{uuid.uuid4().hex[:16]}" if session_id is None else session_id)
-        check_job_size(self.settings, input, business_state)  # before the session's epoch is written (issue #31)
+        check_job_size(self.settings, input, business_state)  # before the session's epoch is written
         queue: str | None = None
         for attempt in range(1, ENQUEUE_ATTEMPTS + 1):
             stored = self.store.checkpoints.load(session_id)
